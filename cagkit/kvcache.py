@@ -1,0 +1,78 @@
+"""Prefill a model to capture per-layer KV, and place stored (RoPE-free) KV into a model's cache.
+
+Layouts: cagkit keeps KV in the flash-attention layout, per layer `[T, H, D]`, stacked over layers as
+`[L, T, H, D]`. transformers' cache holds `[B, H, T, D]` per layer; the conversions live here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from cagkit.rope import RotaryTables, apply_rope, remove_rope
+
+
+@dataclass
+class ChunkKV:
+    """The RoPE-free KV of one chunk. keys, values: [L, T, H, D]."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.keys.shape[1]
+
+
+@torch.no_grad()
+def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None) -> ChunkKV:
+    """Prefill `input_ids` alone at positions 0..T-1 and return every layer's KV with RoPE removed (fp32).
+
+    A config-less DynamicCache keeps every token of every layer (sliding-window layers included, whose attention
+    the mask still limits), so nothing of a long chunk is dropped.
+    """
+    tables = tables or RotaryTables(model)
+    ids = torch.tensor([input_ids], dtype=torch.long)
+    cache = DynamicCache()
+    model(input_ids=ids, cache=cache, use_cache=True)
+    positions = torch.arange(len(input_ids))
+    keys, values = [], []
+    for layer, cached in enumerate(cache.layers):
+        k = cached.keys[0].transpose(0, 1).float()  # [1, H, T, D] -> [T, H, D]
+        v = cached.values[0].transpose(0, 1).float()
+        cos, sin = tables(layer, positions)
+        keys.append(remove_rope(k, cos, sin))
+        values.append(v)
+    return ChunkKV(torch.stack(keys), torch.stack(values))
+
+
+@torch.no_grad()
+def prefix_cache(model, prefix_ids: list[int]) -> DynamicCache:
+    """Prefill the target-native prefix (chat header, BOS) into a cache shaped by the model's config."""
+    cache = DynamicCache(config=model.config)
+    if prefix_ids:
+        model(input_ids=torch.tensor([prefix_ids], dtype=torch.long), cache=cache, use_cache=True)
+    return cache
+
+
+@torch.no_grad()
+def place_chunks(model, cache: DynamicCache, chunks: list[ChunkKV], tables: RotaryTables | None = None) -> None:
+    """Append chunks after what `cache` holds, re-applying RoPE at their new positions.
+
+    Sliding-window layers keep only their last window of tokens, exactly as after a native prefill.
+    """
+    if not chunks:
+        return
+    tables = tables or RotaryTables(model)
+    start = cache.get_seq_length()
+    keys = torch.cat([c.keys for c in chunks], dim=1)  # [L, N, H, D]
+    values = torch.cat([c.values for c in chunks], dim=1)
+    positions = torch.arange(start, start + keys.shape[1])
+    dtype = next(model.parameters()).dtype
+    for layer in range(keys.shape[0]):
+        cos, sin = tables(layer, positions)
+        k = apply_rope(keys[layer].float(), cos, sin)  # [N, H, D]
+        # [N, H, D] -> [1, H, N, D]
+        cache.update(k.transpose(0, 1)[None].to(dtype), values[layer].transpose(0, 1)[None].to(dtype), layer)

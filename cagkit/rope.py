@@ -1,0 +1,66 @@
+"""Rotary position embeddings: remove them from stored keys, re-apply them where a chunk is placed.
+
+Keys are stored without RoPE so a chunk can sit at any position. Each model's own rotary module computes the
+angles (so RoPE scaling variants and Gemma 3's per-layer-type bases come from its config, not from here).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def layer_types(config) -> list[str]:
+    """Per layer, 'full_attention' or 'sliding_attention' (every layer full when the config says nothing)."""
+    types = getattr(config, "layer_types", None)
+    return list(types) if types else ["full_attention"] * config.num_hidden_layers
+
+
+def sliding_window(config, layer: int) -> int | None:
+    """The window of a sliding-attention layer, None for a full-attention one."""
+    if layer_types(config)[layer] == "sliding_attention":
+        return config.sliding_window
+    return None
+
+
+class RotaryTables:
+    """cos/sin tables of one model per layer, for any positions: `cos, sin = tables(layer, positions)`."""
+
+    def __init__(self, model):
+        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.rotary = base.rotary_emb
+        self.config = model.config.get_text_config()
+        self.types = layer_types(self.config)
+        self._by_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
+
+    @torch.no_grad()
+    def __call__(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [T] long -> cos, sin: [T, D] float32
+        probe = torch.zeros(1, dtype=torch.float32)
+        pos = positions.reshape(1, -1)
+        if self._by_type:
+            cos, sin = self.rotary(probe, pos, self.types[layer])
+        else:
+            cos, sin = self.rotary(probe, pos)
+        return cos[0].float(), sin[0].float()
+
+
+def apply_rope(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate RoPE-free keys to their positions. keys: [T, H, D]; cos, sin: [T, D]."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    return keys * c + _rotate_half(keys) * s
+
+
+def remove_rope(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Undo `apply_rope` exactly. keys: [T, H, D] rotated; cos, sin: [T, D] as used to rotate them.
+
+    Dividing by cos² + sin² also undoes any attention scaling that a RoPE variant folds into cos and sin.
+    """
+    c, s = cos[:, None, :], sin[:, None, :]
+    return (keys * c - _rotate_half(keys) * s) / (c * c + s * s)
