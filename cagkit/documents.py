@@ -1,0 +1,399 @@
+"""Find documents, read their text, and cut the text into chunks that fit a token budget."""
+
+from __future__ import annotations
+
+import codecs
+import io
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import bs4
+import pypdf
+
+from cagkit.errors import CagkitError, DocumentError
+
+SUPPORTED_SUFFIXES: frozenset[str] = frozenset({".txt", ".md", ".rst", ".html", ".htm", ".pdf"})
+
+_TEXT_SUFFIXES = frozenset({".txt", ".md", ".rst"})
+_HTML_SUFFIXES = frozenset({".html", ".htm"})
+
+
+def _supported_list() -> str:
+    """The supported suffixes, for error messages."""
+    return ", ".join(sorted(SUPPORTED_SUFFIXES))
+
+
+# --- finding documents -------------------------------------------------------------------------
+
+
+def find_documents(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand files and folders (recursively) into a sorted list of supported files, skipping hidden ones."""
+    names: list[str] = []
+    found: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        names.append(str(raw))
+        if not path.exists():
+            raise CagkitError(f"{raw}: no such file or folder; check the path")
+        if path.is_dir():
+            found.update(_walk(path))
+        elif path.suffix.lower() in SUPPORTED_SUFFIXES:
+            found.add(path)
+        else:
+            suffix = path.suffix or "no suffix"
+            raise CagkitError(
+                f"{raw}: unsupported file type ({suffix}); supported: {_supported_list()}; "
+                "convert it or leave it out"
+            )
+    if not found:
+        where = ", ".join(names) or "(no paths given)"
+        raise CagkitError(
+            f"no supported documents found in {where}; supported: {_supported_list()}; "
+            "point at files or folders that contain some"
+        )
+    return sorted(found)
+
+
+def _walk(root: Path) -> list[Path]:
+    """Supported files under root; hidden names below root are skipped, symlinked folders not followed."""
+    files = []
+    for folder, dirnames, filenames in os.walk(root, onerror=_walk_error):
+        # Pruning in place stops os.walk from descending into hidden folders (.git, .venv, ...).
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            path = Path(folder, name)
+            if not name.startswith(".") and path.suffix.lower() in SUPPORTED_SUFFIXES and path.is_file():
+                files.append(path)
+    return files
+
+
+def _walk_error(error: OSError) -> None:
+    """Fail loudly: silently skipping an unreadable folder would drop documents without a word."""
+    raise CagkitError(f"{error.filename}: cannot list folder ({error.strerror}); check its permissions")
+
+
+# --- reading documents -------------------------------------------------------------------------
+
+
+def read_document(path: Path) -> str:
+    """Return the document's text with line endings normalised to \\n."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        raise DocumentError(f"{path}: unsupported file type ({suffix or 'no suffix'}); supported: {_supported_list()}")
+    data = _read_bytes(path)
+    if suffix in _TEXT_SUFFIXES:
+        text = _decode_text(path, data)
+    elif suffix in _HTML_SUFFIXES:
+        text = _html_text(path, data)
+    else:
+        text = _pdf_text(path, data)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not text.strip():
+        raise DocumentError(f"{path}: no text (empty or whitespace only); add content or leave the file out")
+    return text
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, or a DocumentError saying why they cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise DocumentError(f"{path}: cannot read ({error.strerror}); check the file's permissions") from error
+
+
+def _decode_text(path: Path, data: bytes) -> str:
+    """Decode strict UTF-8, allowing a BOM; offsets in errors are byte offsets into the file."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise DocumentError(
+            f"{path}: binary content (NUL byte at offset {nul}); "
+            "if it is text (e.g. UTF-16), convert it to UTF-8, otherwise leave it out"
+        )
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as error:
+        offset = skip + error.start
+        raise DocumentError(
+            f"{path}: not valid UTF-8 (byte 0x{data[offset]:02x} at offset {offset}); "
+            "convert it to UTF-8, e.g. iconv -f latin1 -t utf-8"
+        ) from error
+
+
+# Elements whose text a reader never sees (bs4 already types script/style strings apart; be explicit anyway).
+_HTML_HIDDEN = frozenset({"script", "style", "template", "noscript"})
+# Elements that start a new paragraph (blank line) or a new line.
+_HTML_PARAGRAPH = frozenset(
+    "address article aside blockquote body details dialog div dl fieldset figcaption figure footer form "
+    "h1 h2 h3 h4 h5 h6 header hr html main nav ol p pre section summary table title ul".split()
+)
+_HTML_LINE = frozenset({"caption", "dd", "dt", "li", "tr"})
+_HTML_CELL = frozenset({"td", "th"})
+# HTML's own whitespace; a non-breaking space is content, not layout.
+_HTML_SPACE = re.compile(r"[ \t\n\r\f]+")
+
+
+def _html_text(path: Path, data: bytes) -> str:
+    """Visible text of an HTML page, block elements separated by line breaks."""
+    with warnings.catch_warnings():
+        # The markup comes from a file, so bs4's "this looks like a filename/URL/XML" hints are noise.
+        warnings.simplefilter("ignore", bs4.MarkupResemblesLocatorWarning)
+        warnings.simplefilter("ignore", bs4.XMLParsedAsHTMLWarning)
+        try:
+            soup = bs4.BeautifulSoup(data, "html.parser")
+        except bs4.ParserRejectedMarkup as error:
+            raise DocumentError(f"{path}: cannot parse HTML ({_one_line(error)}); fix or re-save the file") from error
+    builder = _TextBuilder()
+    # An explicit stack, not recursion: deeply nested markup must not hit Python's recursion limit.
+    stack: list[object] = list(reversed(soup.contents))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, int):
+            builder.newlines(node)
+        elif isinstance(node, _PreEnd):
+            builder.pre_depth -= 1
+        elif isinstance(node, bs4.Tag):
+            stack.extend(_html_open(node, builder))
+        elif type(node) is bs4.NavigableString:  # subclasses are comments, CDATA, doctypes...
+            builder.add(str(node))
+    return re.sub(r"\n{3,}", "\n\n", builder.text()).strip()
+
+
+class _PreEnd:
+    """Stack marker: the end of a <pre> element."""
+
+
+def _html_open(tag: bs4.Tag, builder: _TextBuilder) -> list[object]:
+    """Apply a tag's opening break; return what to push: its closing markers, then its children reversed."""
+    name = tag.name
+    if name in _HTML_HIDDEN:
+        return []
+    if name == "br":
+        builder.newlines(1)
+        return []
+    if name in _HTML_CELL:
+        builder.add(" ")
+    breaks = 2 if name in _HTML_PARAGRAPH else 1 if name in _HTML_LINE else 0
+    builder.newlines(breaks)
+    closing: list[object] = [breaks] if breaks else []
+    if name == "pre":
+        builder.pre_depth += 1
+        closing.append(_PreEnd())
+    return closing + list(reversed(tag.contents))
+
+
+class _TextBuilder:
+    """Joins text pieces, collapsing HTML whitespace outside <pre> and merging requested line breaks."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.pending = 0
+        self.pre_depth = 0
+
+    def newlines(self, count: int) -> None:
+        """Ask for at least count newlines before the next text."""
+        self.pending = max(self.pending, count)
+
+    def add(self, text: str) -> None:
+        """Append text, collapsing whitespace unless inside <pre>."""
+        pre = self.pre_depth > 0
+        if not pre:
+            text = _HTML_SPACE.sub(" ", text)
+        if self.pending and self.parts:
+            self._trim_trailing_spaces()
+            self.parts.append("\n" * self.pending)
+        self.pending = 0
+        if not pre and (not self.parts or self.parts[-1].endswith((" ", "\n"))):
+            text = text.lstrip(" ")
+        if text:
+            self.parts.append(text)
+
+    def _trim_trailing_spaces(self) -> None:
+        """Drop spaces before a line break."""
+        while self.parts:
+            self.parts[-1] = self.parts[-1].rstrip(" ")
+            if self.parts[-1]:
+                return
+            self.parts.pop()
+
+    def text(self) -> str:
+        """Everything added so far."""
+        return "".join(self.parts)
+
+
+def _pdf_text(path: Path, data: bytes) -> str:
+    """Text of every page, pages separated by blank lines."""
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise DocumentError(f"{path}: PDF is password-protected; decrypt it first (e.g. qpdf --decrypt)")
+        pages = [(page.extract_text() or "").strip() for page in reader.pages]
+    except DocumentError:
+        raise
+    except Exception as error:
+        # pypdf raises many exception types on damaged files; any of them means "cannot read this PDF".
+        raise DocumentError(
+            f"{path}: cannot read PDF ({type(error).__name__}: {_one_line(error)}); "
+            "the file may be corrupted, re-export or repair it"
+        ) from error
+    text = "\n\n".join(page for page in pages if page)
+    if not text:
+        raise DocumentError(f"{path}: PDF has no extractable text (scanned PDF?); run OCR first, e.g. ocrmypdf")
+    return text
+
+
+def _one_line(error: Exception) -> str:
+    """An exception's message squeezed onto one line."""
+    return " ".join(str(error).split()) or "no details"
+
+
+# --- chunking ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a document: text == document_text[char_start:char_end]."""
+
+    text: str
+    char_start: int
+    char_end: int
+
+
+def chunk_text(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[Chunk]:
+    """Split text into ordered, non-overlapping chunks of at most max_tokens tokens each.
+
+    Whole paragraphs are packed greedily; a paragraph too long is split at sentences, a sentence at
+    words, a word at characters. Chunks never start or end with whitespace.
+    """
+    if max_tokens < 1:
+        raise CagkitError(f"chunk size {max_tokens} is too small; use at least 1 token")
+    chunker = _Chunker(text, count_tokens, max_tokens)
+    return chunker.pack(chunker.pieces((0, len(text)), _SEPARATORS[0]), 0)
+
+
+Span = tuple[int, int]
+
+# Separators, from coarsest to finest. A separator is the last group that matched, or the whole match.
+_PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*\n\s*")
+# After sentence punctuation (and closing quotes/brackets) or at a line break; CJK full stops need no space.
+_SENTENCE_BREAK = re.compile(r"[.!?…][\"'”’)\]]*(\s+)|[。！？](\s*)|([^\S\n]*\n\s*)")
+_WORD_BREAK = re.compile(r"\s+")
+_SEPARATORS = (_PARAGRAPH_BREAK, _SENTENCE_BREAK, _WORD_BREAK)
+
+
+class _Chunker:
+    """Packs pieces of one text into chunks under a token budget."""
+
+    def __init__(self, text: str, count_tokens: Callable[[str], int], max_tokens: int) -> None:
+        self.text = text
+        self.count_tokens = count_tokens
+        self.max_tokens = max_tokens
+
+    def fits(self, start: int, end: int) -> bool:
+        """Whether text[start:end] is within the budget (one tokenizer call)."""
+        return self.count_tokens(self.text[start:end]) <= self.max_tokens
+
+    def split(self, span: Span, level: int) -> list[Chunk]:
+        """Chunks for a span too long to be one: split at separator `level`, or finer if that yields one piece."""
+        while level < len(_SEPARATORS):
+            pieces = self.pieces(span, _SEPARATORS[level])
+            if len(pieces) > 1:
+                return self.pack(pieces, level)
+            level += 1
+        return self.split_characters(span)
+
+    def pieces(self, span: Span, separator: re.Pattern[str]) -> list[Span]:
+        """Non-empty spans between separator matches, with surrounding whitespace trimmed."""
+        spans = []
+        position = span[0]
+        for match in separator.finditer(self.text, span[0], span[1]):
+            gap_start, gap_end = match.span(match.lastindex or 0)
+            spans.append(self.strip(position, gap_start))
+            position = gap_end
+        spans.append(self.strip(position, span[1]))
+        return [(start, end) for start, end in spans if start < end]
+
+    def strip(self, start: int, end: int) -> Span:
+        """The span without leading and trailing whitespace."""
+        piece = self.text[start:end]
+        return start + len(piece) - len(piece.lstrip()), end - len(piece) + len(piece.rstrip())
+
+    def pack(self, pieces: list[Span], level: int) -> list[Chunk]:
+        """Greedily pack consecutive pieces into chunks; pieces too long on their own are split finer."""
+        # Count each piece once; a packed chunk's estimate is the sum, checked by one call in fitting_prefix.
+        counts = [self.count_tokens(self.text[start:end]) for start, end in pieces]
+        chunks: list[Chunk] = []
+        i = 0
+        while i < len(pieces):
+            if counts[i] > self.max_tokens:
+                chunks.extend(self.split(pieces[i], level + 1))
+                i += 1
+                continue
+            j, total = i, 0
+            while j < len(pieces) and total + counts[j] <= self.max_tokens:
+                total += counts[j]
+                j += 1
+            k = self.fitting_prefix(pieces, i, j)
+            chunks.append(self.chunk(pieces[i][0], pieces[k - 1][1]))
+            i = k
+        return chunks
+
+    def fitting_prefix(self, pieces: list[Span], i: int, j: int) -> int:
+        """Largest k in (i, j] such that pieces[i:k] fit together; pieces[i] alone is known to fit."""
+        if j - i == 1 or self.fits(pieces[i][0], pieces[j - 1][1]):
+            return j
+        # The separators or a tokenizer merge pushed the sum over budget: binary search the longest prefix.
+        good, bad = i + 1, j
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if self.fits(pieces[i][0], pieces[middle - 1][1]):
+                good = middle
+            else:
+                bad = middle
+        return good
+
+    def split_characters(self, span: Span) -> list[Chunk]:
+        """Cut a single over-long word into the longest runs of characters that fit."""
+        chunks = []
+        start, end = span
+        while start < end:
+            stop = self.longest_fit(start, end)
+            chunks.append(self.chunk(start, stop))
+            start = stop
+        return chunks
+
+    def longest_fit(self, start: int, end: int) -> int:
+        """Largest stop in (start, end] with text[start:stop] within budget.
+
+        Gallops from max_tokens characters, then bisects, so each call counts a string of roughly chunk size
+        rather than the whole (possibly huge) word.
+        """
+        if not self.fits(start, start + 1):
+            raise CagkitError(
+                f"chunk size {self.max_tokens} is too small: the character {self.text[start]!r} alone "
+                "is over it; use a larger chunk size"
+            )
+        good, bad = start + 1, end + 1  # end + 1: nothing has failed yet
+        probe = min(end, start + max(2, self.max_tokens))
+        while probe > good:
+            if not self.fits(start, probe):
+                bad = probe
+                break
+            good = probe
+            probe = min(end, start + 2 * (probe - start))
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if self.fits(start, middle):
+                good = middle
+            else:
+                bad = middle
+        return good
+
+    def chunk(self, start: int, end: int) -> Chunk:
+        """The chunk covering text[start:end]."""
+        return Chunk(self.text[start:end], start, end)
