@@ -1,0 +1,207 @@
+"""Benchmark report: markdown tables and PNG charts from `cagkit eval` results files.
+
+Results JSON contract (one file per dataset and source -> target pair, written by `cagkit eval`):
+
+    {"dataset": "squad_v2/dev-v2.0.part-a.json",   # path as given to --data
+     "format": "squad",                              # a cagkit.evaluation.datasets format
+     "source": "smollm2", "target": "gemma",         # model names
+     "settings": {"top_k": 4, "full_context": false, "limit": 50,
+                  "max_new_tokens": 24, "chunk_tokens": 256},
+     "command": "cagkit eval --data ...",            # the exact command, to reproduce the file
+     "methods": {"native": {...}, "none": {...}, "source": {...},
+                 "linear": {...}, "projector": {...}, "mot": {...}}}
+
+Each method (any may be missing) maps to:
+
+    free-form:  "f1", "exact_match"     mean over examples, 0..1
+    closed-set: "accuracy"              mean over examples, 0..1 (instead of f1/exact_match)
+    "recovery"             quality / native's quality; null when native is missing
+    "ttft_ms_median"       median time to first token, milliseconds
+    "translate_ms_median"  median cache translation time, milliseconds (0 for native)
+    "kv_bytes_per_token"   bytes of KV cache stored per context token
+    "n"                    number of examples scored
+    "examples"             [{"id", "prediction", "ttft_ms", "f1", "exact_match"} or
+                            {"id", "prediction", "ttft_ms", "correct": bool}]
+
+Any number may be null (shown as a dash). The report ignores "examples".
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cagkit.errors import CagkitError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+METHOD_ORDER = ("native", "none", "source", "linear", "projector", "mot")
+_REQUIRED_KEYS = ("dataset", "source", "target", "command", "methods")
+_BAR_CHART = "quality_by_method.png"
+_SCATTER = "quality_vs_ttft.png"
+_MARKERS = "osD^vPX*"
+_DASH = "—"
+
+
+def write_report(result_paths: list[Path], out_md: Path, plots_dir: Path) -> None:
+    """Write `out_md` (one table per results file) and two PNG charts into `plots_dir`."""
+    if not result_paths:
+        raise CagkitError("no results files to report on; pass the JSON files written by `cagkit eval`")
+    runs = [_load_results(Path(path)) for path in result_paths]
+    _require_matplotlib()
+    out_md, plots_dir = Path(out_md), Path(plots_dir)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    methods = _method_order(runs)
+    _save(_bar_chart(runs, methods), plots_dir / _BAR_CHART)
+    _save(_scatter(runs, methods), plots_dir / _SCATTER)
+    lines = [
+        "# cagkit eval results",
+        "",
+        f"![Quality per pair and method]({_relative(plots_dir / _BAR_CHART, out_md)})",
+        "",
+        f"![Quality against median time to first token]({_relative(plots_dir / _SCATTER, out_md)})",
+        "",
+    ]
+    for run in runs:
+        lines += _section(run)
+    out_md.write_text("\n".join(lines), encoding="utf-8")
+
+
+def _require_matplotlib() -> None:
+    # matplotlib is an optional extra; cagkit itself runs without it.
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CagkitError(
+            "the report's charts need matplotlib; install it with: pip install 'cagkit[report]'"
+        ) from None
+
+
+def _load_results(path: Path) -> dict:
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise CagkitError(f"{path}: cannot read the results file ({error.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CagkitError(f"{path}: not a results JSON file; rerun `cagkit eval` to write it") from None
+    missing = [key for key in _REQUIRED_KEYS if not isinstance(run, dict) or key not in run]
+    if missing:
+        raise CagkitError(f"{path}: results file lacks {', '.join(missing)}; rerun `cagkit eval` to write it")
+    methods = run["methods"]
+    if not isinstance(methods, dict) or not methods or not all(isinstance(m, dict) for m in methods.values()):
+        raise CagkitError(
+            f"{path}: 'methods' must map one or more method names to scores; rerun `cagkit eval` to write it"
+        )
+    return run
+
+
+def _is_closed_set(run: dict) -> bool:
+    return any("accuracy" in scores for scores in run["methods"].values())
+
+
+def _quality(scores: dict, closed_set: bool) -> float | None:
+    return scores.get("accuracy") if closed_set else scores.get("f1")
+
+
+def _method_order(runs: list[dict]) -> list[str]:
+    """Known methods in their usual order, then any others as first seen."""
+    seen = [name for run in runs for name in run["methods"]]
+    return [m for m in METHOD_ORDER if m in seen] + list(dict.fromkeys(m for m in seen if m not in METHOD_ORDER))
+
+
+def _label(run: dict) -> str:
+    return f"{run['source']} → {run['target']}, {Path(run['dataset']).name}"
+
+
+def _section(run: dict) -> list[str]:
+    closed_set = _is_closed_set(run)
+    quality_columns = ["accuracy"] if closed_set else ["F1", "EM"]
+    header = ["method", *quality_columns, "recovery vs native", "median TTFT ms",
+              "median translate ms", "KV bytes / context token", "n"]
+    lines = [f"## {_label(run)}", ""]
+    if run.get("settings"):
+        settings = ", ".join(f"{key}={json.dumps(value)}" for key, value in run["settings"].items())
+        lines += [f"Settings: {settings}", ""]
+    lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    for method in _method_order([run]):
+        lines.append("| " + " | ".join([method, *_row(run["methods"][method], closed_set)]) + " |")
+    return lines + ["", "Reproduce with:", "", "```", run["command"], "```", ""]
+
+
+def _row(scores: dict, closed_set: bool) -> list[str]:
+    quality = [_fmt(scores.get("accuracy"), ".3f")] if closed_set else [
+        _fmt(scores.get("f1"), ".3f"), _fmt(scores.get("exact_match"), ".3f")]
+    return [
+        *quality,
+        _fmt(scores.get("recovery"), ".0%"),
+        _fmt(scores.get("ttft_ms_median"), ",.0f"),
+        _fmt(scores.get("translate_ms_median"), ",.1f"),
+        _fmt(scores.get("kv_bytes_per_token"), ",.0f"),
+        _fmt(scores.get("n"), ""),
+    ]
+
+
+def _fmt(value, spec: str) -> str:
+    return _DASH if value is None else format(value, spec)
+
+
+def _bar_chart(runs: list[dict], methods: list[str]) -> "Figure":
+    """Grouped bars: one group per results file, one bar per method (F1 or accuracy)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(max(6.0, 1.5 + 0.3 * len(runs) * len(methods)), 4.5))
+    axes = figure.add_subplot()
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        xs, heights = [], []
+        for group, run in enumerate(runs):
+            value = _quality(run["methods"].get(method, {}), _is_closed_set(run))
+            if value is not None:
+                xs.append(group - 0.4 + width * (i + 0.5))
+                heights.append(value)
+        axes.bar(xs, heights, width, label=method, color=f"C{i}")
+    axes.set_xticks(range(len(runs)), [_label(run).replace(", ", "\n") for run in runs], fontsize=8)
+    axes.set_ylabel("quality (F1, or accuracy if closed-set)")
+    axes.set_ylim(0, 1)
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return figure
+
+
+def _scatter(runs: list[dict], methods: list[str]) -> "Figure":
+    """Quality against median TTFT: colour = method, marker = results file."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    figure = Figure(figsize=(7, 4.5))
+    axes = figure.add_subplot()
+    for group, run in enumerate(runs):
+        closed_set = _is_closed_set(run)
+        for method, scores in run["methods"].items():
+            quality, ttft = _quality(scores, closed_set), scores.get("ttft_ms_median")
+            if quality is not None and ttft is not None:
+                axes.scatter(ttft, quality, color=f"C{methods.index(method)}",
+                             marker=_MARKERS[group % len(_MARKERS)])
+    method_keys = [Line2D([], [], color=f"C{i}", marker="o", linestyle="", label=m) for i, m in enumerate(methods)]
+    run_keys = [Line2D([], [], color="gray", marker=_MARKERS[g % len(_MARKERS)], linestyle="", label=_label(run))
+                for g, run in enumerate(runs)]
+    # Two legends beside the axes (add_artist keeps the first when the second is drawn).
+    axes.add_artist(axes.legend(handles=method_keys, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7))
+    axes.legend(handles=run_keys, loc="lower left", bbox_to_anchor=(1.01, 0), fontsize=7)
+    axes.set_xlabel("median time to first token (ms)")
+    axes.set_ylabel("quality (F1, or accuracy if closed-set)")
+    axes.set_ylim(0, 1)
+    return figure
+
+
+def _save(figure: "Figure", path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure)  # attaches the Agg canvas: no display or pyplot state needed
+    figure.savefig(path, format="png", dpi=120, bbox_inches="tight")  # "tight" keeps outside legends
+
+
+def _relative(target: Path, out_md: Path) -> str:
+    """Link from the markdown file to `target`, with forward slashes."""
+    return Path(os.path.relpath(target.resolve(), out_md.parent.resolve())).as_posix()

@@ -1,0 +1,420 @@
+"""Evaluation datasets, metrics and report: tiny made-up fixtures in every raw format."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cagkit.errors import CagkitError
+from cagkit.evaluation.datasets import FORMATS, Example, detect_format, load_examples, split_options
+from cagkit.evaluation.metrics import exact_match, f1, letter_or_text_to_index, mean, median, normalize_answer
+from cagkit.evaluation.report import write_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+# --- fixtures mimicking each real file's structure
+
+
+def squad_file(tmp_path: Path) -> Path:
+    data = {
+        "version": "v2.0",
+        "data": [
+            {
+                "title": "Moons",
+                "paragraphs": [
+                    {
+                        "context": "Io is a moon of Jupiter.",
+                        "qas": [
+                            {"question": "Io orbits which planet?", "id": "q1",
+                             "answers": [{"text": "Jupiter", "answer_start": 16},
+                                         {"text": "Jupiter", "answer_start": 16},
+                                         {"text": "a moon of Jupiter", "answer_start": 8}],
+                             "is_impossible": False},
+                            {"question": "Who built Io?", "id": "q2", "answers": [],
+                             "plausible_answers": [{"text": "Jupiter", "answer_start": 16}],
+                             "is_impossible": True},
+                        ],
+                    },
+                    {"context": "Titan has lakes.",
+                     "qas": [{"question": "What does Titan have?", "id": "q3",
+                              "answers": [{"text": "lakes", "answer_start": 10}], "is_impossible": False}]},
+                ],
+            },
+            {"title": "Rivers",
+             "paragraphs": [{"context": "The Nile is long.",
+                             "qas": [{"question": "What is long?", "id": "q4",
+                                      "answers": [{"text": "The Nile", "answer_start": 0}],
+                                      "is_impossible": False}]}]},
+        ],
+    }
+    path = tmp_path / "dev-v2.0.part-a.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def hotpotqa_file(tmp_path: Path) -> Path:
+    empty = {"number": "", "date": {"day": "", "month": "", "year": ""}}
+    return write_jsonl(tmp_path / "dev_subsampled.part-a.jsonl", [{
+        "question_id": "5abc",
+        "question_text": "Which river flows past the town where Ada was born?",
+        "answers_objects": [{**empty, "spans": ["the Wye"]}],
+        "contexts": [
+            {"id": "0", "title": "Ada Smith", "paragraph_text": "Ada was born in Hay.", "is_supporting": True},
+            {"id": "1", "title": "Hay", "paragraph_text": "Hay lies on the Wye.", "is_supporting": True},
+        ],
+    }])
+
+
+TPO_RECORD = {
+    "instructions": [
+        "why does the professor mention the kettle\nA. to explain steam\nB. to show heat\n"
+        "C. to start a story\nD. to end the class",
+        "what is the lecture mainly about\nA. tea\nB. boats\nC. rain\nD. clocks",
+    ],
+    "outputs": ["C", "A"],
+    "input": "ok ,  today we talk about the kettle and tea",
+    "source": "toefl_tpo",
+    "evaluation": "exam",
+}
+
+QUALITY_RECORD = {
+    "instructions": [
+        "Why did Mara leave the ship? \n\n (A) She was bored. \n (B) The ship  sank. \n"
+        " (C) She was ordered to. \n (D) She wanted to find her brother. "
+    ],
+    "outputs": ["(D) She wanted to find her brother."],
+    "input": "Mara left the ship to find her brother.",
+    "source": "quality_raw",
+    "evaluation": "exam",
+}
+
+SCIENTIFIC_RECORD = {
+    "instructions": ["What dataset do they use?", "Is it English? ", "What dataset do they use?"],
+    "outputs": ["SQuAD", "Yes", "SQuAD v1.1"],
+    "input": "Introduction\nWe use SQuAD v1.1, an English dataset.",
+    "source": "scientific_qa",
+    "evaluation": "f1",
+}
+
+RACE_RECORD = {
+    "example_id": "middle42.txt",
+    "question_id": 3,
+    "article": "Tom has a red bike. He rides it to school.",
+    "question": "What colour is Tom's bike?",
+    "options": ["Blue.", "Red.", "Green.", "Black."],
+    "answer": "B",
+    " question_type": "Detail reasoning",
+}
+
+
+# --- parsing each format
+
+
+def test_jsonl_contract_parses_context_documents_and_choices(tmp_path):
+    path = write_jsonl(tmp_path / "mine.jsonl", [
+        {"id": "a", "question": "Q?", "answers": ["x", "y"], "context": "doc"},
+        {"id": "b", "question": "Pick", "answers": ["two"], "documents": ["d1", "d2"],
+         "choices": ["one", "two"], "answer_index": 1},
+    ])
+    assert detect_format(path) == "jsonl"
+    first, second = load_examples(path)
+    assert first == Example(id="a", question="Q?", answers=["x", "y"], context="doc")
+    assert first.context_documents() == ["doc"]
+    assert second.context_documents() == ["d1", "d2"]
+    assert (second.choices, second.answer_index) == (["one", "two"], 1)
+
+
+def test_squad_keeps_answerable_questions_over_whole_article(tmp_path):
+    path = squad_file(tmp_path)
+    assert detect_format(path) == "squad"
+    examples = load_examples(path)
+    assert [e.id for e in examples] == ["q1", "q3", "q4"]
+    assert examples[0].answers == ["Jupiter", "a moon of Jupiter"]  # duplicates dropped, order kept
+    assert examples[0].context == "Io is a moon of Jupiter.\n\nTitan has lakes."
+    assert examples[1].context == examples[0].context
+    assert examples[2].context == "The Nile is long."
+    assert examples[0].documents is None and examples[0].choices is None
+
+
+def test_squad_pretty_printed_is_detected(tmp_path):
+    path = squad_file(tmp_path)
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=2))
+    assert detect_format(path) == "squad"
+    assert len(load_examples(path)) == 3
+
+
+def test_hotpotqa_paragraphs_become_documents(tmp_path):
+    path = hotpotqa_file(tmp_path)
+    assert detect_format(path) == "hotpotqa"
+    [example] = load_examples(path)
+    assert example.id == "5abc"
+    assert example.question == "Which river flows past the town where Ada was born?"
+    assert example.answers == ["the Wye"]
+    assert example.documents == ["Ada Smith\nAda was born in Hay.", "Hay\nHay lies on the Wye."]
+    assert example.context is None
+
+
+def test_leval_tpo_letter_options(tmp_path):
+    path = write_jsonl(tmp_path / "tpo.part-a.jsonl", [TPO_RECORD])
+    assert detect_format(path) == "leval"
+    first, second = load_examples(path)
+    assert first.id == "tpo.part-a-1-0" and second.id == "tpo.part-a-1-1"
+    assert first.question == "why does the professor mention the kettle"
+    assert first.choices == ["to explain steam", "to show heat", "to start a story", "to end the class"]
+    assert first.answer_index == 2 and first.answers == ["to start a story"]
+    assert second.answer_index == 0 and second.choices == ["tea", "boats", "rain", "clocks"]
+    assert first.context == TPO_RECORD["input"]
+
+
+def test_leval_quality_parenthesised_options_and_text_gold(tmp_path):
+    path = write_jsonl(tmp_path / "quality.part-a.jsonl", [QUALITY_RECORD, QUALITY_RECORD])
+    first, second = load_examples(path)
+    assert (first.id, second.id) == ("quality.part-a-1-0", "quality.part-a-2-0")
+    assert first.question == "Why did Mara leave the ship?"
+    assert first.choices == [
+        "She was bored.", "The ship  sank.", "She was ordered to.", "She wanted to find her brother."]
+    assert first.answer_index == 3
+    assert first.answers == ["She wanted to find her brother."]
+
+
+def test_leval_free_form_merges_repeated_questions(tmp_path):
+    path = write_jsonl(tmp_path / "scientific_qa.part-a.jsonl", [SCIENTIFIC_RECORD])
+    first, second = load_examples(path)
+    assert (first.id, first.question, first.answers) == (
+        "scientific_qa.part-a-1-0", "What dataset do they use?", ["SQuAD", "SQuAD v1.1"])
+    assert (second.id, second.question, second.answers) == ("scientific_qa.part-a-1-1", "Is it English?", ["Yes"])
+    assert first.choices is None and first.answer_index is None
+
+
+def test_race(tmp_path):
+    path = write_jsonl(tmp_path / "race.jsonl", [RACE_RECORD, {**RACE_RECORD, "question_id": 4, "answer": "D"}])
+    assert detect_format(path) == "race"
+    first, second = load_examples(path)
+    assert (first.id, second.id) == ("middle42-3", "middle42-4")
+    assert first.question == "What colour is Tom's bike?"
+    assert first.choices == ["Blue.", "Red.", "Green.", "Black."]
+    assert (first.answer_index, first.answers) == (1, ["Red."])
+    assert (second.answer_index, second.answers) == (3, ["Black."])
+    assert first.context == RACE_RECORD["article"]
+
+
+def test_limit_and_explicit_format(tmp_path):
+    path = write_jsonl(tmp_path / "race.jsonl", [{**RACE_RECORD, "question_id": i} for i in range(5)])
+    assert [e.id for e in load_examples(path, format="race", limit=2)] == ["middle42-0", "middle42-1"]
+
+
+def test_split_options_without_options_returns_stem():
+    assert split_options("  Just a question?\n") == ("Just a question?", [])
+    assert split_options("Q\nB. skipped A\nC. x") == ("Q\nB. skipped A\nC. x", [])
+
+
+# --- errors name the file, the line and the problem
+
+
+def error_message(path, **kwargs) -> str:
+    with pytest.raises(CagkitError) as caught:
+        load_examples(path, **kwargs)
+    return str(caught.value)
+
+
+def test_invalid_json_line_is_named(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"id": "a", "question": "Q", "answers": ["x"], "context": "c"}\n{"id": \n')
+    message = error_message(path)
+    assert str(path) in message and "line 2" in message and "not valid JSON" in message
+
+
+def test_missing_field_is_named(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    good, bad = {"id": "a", "question": "Q", "answers": ["x"], "context": "c"}, {"id": "b", "question": "Q"}
+    path.write_text(f"{json.dumps(good)}\n\n{json.dumps(bad)}\n")  # blank lines still count
+    message = error_message(path, format="jsonl")
+    assert f"{path}, line 3" in message and "'answers' is missing" in message
+
+
+def test_contract_violations_are_named(tmp_path):
+    cases = {
+        "answers": ({"answers": []}, "'answers' must be a non-empty list"),
+        "both": ({"documents": ["d"]}, "give exactly one of 'context'"),
+        "index": ({"choices": ["x", "y"], "answer_index": 2}, "'answer_index' must be an integer from 0 to 1, got 2"),
+        "gold": ({"choices": ["p", "q"], "answer_index": 1}, "'answers' must contain the correct choice's text 'q'"),
+    }
+    for name, (change, expected) in cases.items():
+        record = {"id": "a", "question": "Q", "answers": ["x"], "context": "c", **change}
+        path = write_jsonl(tmp_path / f"{name}.jsonl", [record])
+        message = error_message(path)
+        assert f"{path}, line 1 (id 'a'): {expected}" in message, message
+
+
+def test_leval_bad_gold_names_line_and_instruction(tmp_path):
+    path = write_jsonl(tmp_path / "tpo.part-a.jsonl", [TPO_RECORD, {**TPO_RECORD, "outputs": ["C", "E"]}])
+    message = error_message(path)
+    assert f"{path}, line 2, instruction 1: gold output 'E' names none of the 4 options" in message
+
+
+def test_leval_unpaired_outputs(tmp_path):
+    path = write_jsonl(tmp_path / "tpo.part-a.jsonl", [{**TPO_RECORD, "outputs": ["C"]}])
+    assert f"{path}, line 1: 2 instructions but 1 outputs" in error_message(path)
+
+
+def test_squad_error_names_article(tmp_path):
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps({"data": [{"title": "T", "paragraphs": [{"context": "c"}]}]}))
+    message = error_message(path)
+    assert f"{path}, article 0" in message and "'qas' is missing" in message
+
+
+def test_unknown_format_lists_formats_and_flag(tmp_path):
+    path = write_jsonl(tmp_path / "odd.jsonl", [{"prompt": "hi"}])
+    with pytest.raises(CagkitError) as caught:
+        detect_format(path)
+    message = str(caught.value)
+    assert str(path) in message and "--format" in message
+    assert all(name in message for name in FORMATS)
+    message = error_message(path, format="csv")
+    assert "'csv'" in message and "--format" in message and all(name in message for name in FORMATS)
+
+
+def test_duplicate_ids_empty_and_missing_files(tmp_path):
+    path = write_jsonl(tmp_path / "dup.jsonl", [{"id": "a", "question": "Q", "answers": ["x"], "context": "c"}] * 2)
+    assert "id 'a' appears more than once" in error_message(path)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert f"{empty}: the dataset file is empty" in error_message(empty)
+    missing = tmp_path / "missing.jsonl"
+    assert str(missing) in error_message(missing, format="jsonl")
+
+
+# --- metrics, computed by hand
+
+
+def test_normalize_answer():
+    assert normalize_answer("  The Cat's  hat, an apple!") == "cats hat apple"
+
+
+def test_f1_and_exact_match_values():
+    # tokens: [cat, sat] vs [cat, sat, down] -> precision 1, recall 2/3, F1 = 0.8
+    assert f1("the cat sat", ["a cat sat down"]) == pytest.approx(0.8)
+    # [big, red, dog] vs [red, dog, barked, loudly] -> P 2/3, R 1/2, F1 = 4/7; best gold wins
+    assert f1("big red dog", ["the red dog barked loudly", "elephant"]) == pytest.approx(4 / 7)
+    assert f1("Paris", ["London", "paris."]) == 1.0
+    assert f1("", ["a"]) == 1.0  # both normalize to nothing
+    assert f1("cat", ["dog"]) == 0.0
+    assert exact_match("The Cat!", ["dog", "cat"]) == 1.0
+    assert exact_match("cat sat", ["cat"]) == 0.0
+    with pytest.raises(ValueError):
+        f1("x", [])
+
+
+def test_letter_or_text_to_index():
+    choices = ["red apple", "blue sky", "green grass", "a cat"]
+    assert letter_or_text_to_index("C", choices) == 2
+    assert letter_or_text_to_index("(B) blue sky", choices) == 1
+    assert letter_or_text_to_index("D. something", choices) == 3
+    assert letter_or_text_to_index("The blue sky.", choices) == 1
+    assert letter_or_text_to_index("A cat", choices) == 3  # text, not letter A
+    assert letter_or_text_to_index("E", choices) is None
+    assert letter_or_text_to_index("no idea", choices) is None
+
+
+def test_mean_median():
+    assert mean([1, 2, 6]) == 3.0
+    assert median([5, 1, 3, 100]) == 4.0
+    with pytest.raises(ValueError):
+        median([])
+
+
+# --- report
+
+
+def fake_results(tmp_path: Path) -> list[Path]:
+    free_form = {
+        "dataset": "squad_v2/dev-v2.0.part-a.json", "format": "squad", "source": "smollm2", "target": "gemma",
+        "settings": {"top_k": 4, "full_context": False, "limit": 50, "max_new_tokens": 24, "chunk_tokens": 256},
+        "command": "cagkit eval --data squad.json --source smollm2 --target gemma",
+        "methods": {
+            "mot": {"f1": 0.25, "exact_match": 0.125, "recovery": 0.806, "ttft_ms_median": 95.4,
+                    "translate_ms_median": 12.25, "kv_bytes_per_token": 36864, "n": 50, "examples": []},
+            "native": {"f1": 0.31, "exact_match": 0.2, "recovery": 1.0, "ttft_ms_median": 812.0,
+                       "translate_ms_median": 0.0, "kv_bytes_per_token": 36864, "n": 50,
+                       "examples": [{"id": "q1", "prediction": "France", "f1": 1.0, "exact_match": 1.0,
+                                     "ttft_ms": 800.1}]},
+        },
+    }
+    closed_set = {
+        "dataset": "race/race.jsonl", "format": "race", "source": "smollm2", "target": "qwen",
+        "settings": {}, "command": "cagkit eval --data race.jsonl",
+        "methods": {"none": {"accuracy": 0.5, "recovery": None, "ttft_ms_median": 20.0, "translate_ms_median": None,
+                             "kv_bytes_per_token": 1234567, "n": 8,
+                             "examples": [{"id": "m-1", "prediction": "B", "correct": True, "ttft_ms": 20.0}]}},
+    }
+    paths = [tmp_path / "squad.json", tmp_path / "race.json"]
+    for path, run in zip(paths, [free_form, closed_set]):
+        path.write_text(json.dumps(run))
+    return paths
+
+
+def test_report_tables_and_plots(tmp_path):
+    pytest.importorskip("matplotlib", reason="charts need the optional 'report' extra (matplotlib)")
+    out_md, plots = tmp_path / "BENCHMARKS.md", tmp_path / "plots"
+    write_report(fake_results(tmp_path), out_md, plots)
+    text = out_md.read_text()
+    assert ("| method | F1 | EM | recovery vs native | median TTFT ms | median translate ms "
+            "| KV bytes / context token | n |") in text
+    assert "| native | 0.310 | 0.200 | 100% | 812 | 0.0 | 36,864 | 50 |" in text
+    assert "| mot | 0.250 | 0.125 | 81% | 95 | 12.2 | 36,864 | 50 |" in text
+    assert text.index("| native |") < text.index("| mot |")  # known methods in their usual order
+    assert "| method | accuracy | recovery vs native |" in text
+    assert "| none | 0.500 | — | 20 | — | 1,234,567 | 8 |" in text
+    assert "Settings: top_k=4, full_context=false, limit=50, max_new_tokens=24, chunk_tokens=256" in text
+    assert "```\ncagkit eval --data squad.json --source smollm2 --target gemma\n```" in text
+    assert "## smollm2 → gemma, dev-v2.0.part-a.json" in text
+    for name in ("quality_by_method.png", "quality_vs_ttft.png"):
+        assert f"](plots/{name})" in text
+        assert (plots / name).read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_report_rejects_incomplete_results(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"dataset": "x", "methods": {}}))
+    with pytest.raises(CagkitError, match="lacks source, target, command"):
+        write_report([bad], tmp_path / "out.md", tmp_path / "plots")
+    bad.write_text(json.dumps({"dataset": "x", "source": "s", "target": "t", "command": "c", "methods": {}}))
+    with pytest.raises(CagkitError, match=f"{bad}: 'methods' must map one or more method names"):
+        write_report([bad], tmp_path / "out.md", tmp_path / "plots")
+
+
+# --- the real evaluation files, when present
+
+DATA = Path(os.environ.get("CAGKIT_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+REAL_FILES = {
+    "squad_v2/dev-v2.0.part-a.json": "squad",
+    "hotpotqa/dev_subsampled.part-a.jsonl": "hotpotqa",
+    "leval/tpo.part-a.jsonl": "leval",
+    "leval/quality.part-a.jsonl": "leval",
+    "leval/scientific_qa.part-a.jsonl": "leval",
+    "race/race.jsonl": "race",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_FILES))
+def test_real_files_first_examples_are_sane(name):
+    path = DATA / "eval" / name
+    if not path.exists():
+        pytest.skip(f"{path} not found; set CAGKIT_DATA to the shared data folder to run this check")
+    assert detect_format(path) == REAL_FILES[name]
+    examples = load_examples(path, limit=5)
+    assert len(examples) == 5
+    for example in examples:
+        assert example.question.strip() and example.answers and all(a.strip() for a in example.answers)
+        assert example.context_documents() and all(d.strip() for d in example.context_documents())
+        if example.choices is not None:
+            assert len(example.choices) == 4 and 0 <= example.answer_index < 4
+            assert example.answers == [example.choices[example.answer_index]]
