@@ -19,3 +19,7 @@ class ModelError(CagkitError):
 
 class TranslatorError(CagkitError):
     """A translator that is missing or was trained for other models."""
+
+
+class SkippedDocumentWarning(UserWarning):
+    """A document that ingest skipped; the message names it and the reason."""

