@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny random models built from configs, registered under a name, with real tokenizers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cagkit.models import LoadedModel, convert, register_loaded
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The real SmolLM2 tokenizer (converting the model once if this machine has not yet)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(convert("smollm2"))
+
+
+def make_tiny_llama(tokenizer, seed: int = 0, layers: int = 2, kv_heads: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(num_hidden_layers=layers, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=kv_heads, vocab_size=len(tokenizer), max_position_embeddings=4096,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return LlamaForCausalLM(config).eval()
+
+
+def make_tiny_gemma3(tokenizer, seed: int = 0):
+    """A 6-layer Gemma 3 with a 16-token sliding window on 5 of 6 layers and two RoPE bases, like the real one."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(num_hidden_layers=6, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                              num_key_value_heads=1, head_dim=32, vocab_size=len(tokenizer), sliding_window=16,
+                              max_position_embeddings=4096, bos_token_id=tokenizer.bos_token_id,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    return Gemma3ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(smollm2_tokenizer) -> LoadedModel:
+    """A 2-layer random Llama with the SmolLM2 tokenizer and chat template, loadable as model 'tiny-llama'."""
+    lm = LoadedModel(name="tiny-llama", model=make_tiny_llama(smollm2_tokenizer), tokenizer=smollm2_tokenizer,
+                     fingerprint="tiny-llama-fp", chat=True)
+    register_loaded("tiny-llama", lm)
+    return lm
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma(smollm2_tokenizer) -> LoadedModel:
+    """A 6-layer random Gemma 3 (sliding windows, two RoPE bases), plain prompts, loadable as 'tiny-gemma'."""
+    lm = LoadedModel(name="tiny-gemma", model=make_tiny_gemma3(smollm2_tokenizer), tokenizer=smollm2_tokenizer,
+                     fingerprint="tiny-gemma-fp", chat=False)
+    register_loaded("tiny-gemma", lm)
+    return lm
