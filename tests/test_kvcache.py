@@ -1,0 +1,111 @@
+"""RoPE removal and re-application is exact: a stored chunk placed anywhere equals prefilling it there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
+from cagkit.rope import RotaryTables, apply_rope, remove_rope
+
+TEXT = ("The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison. It is 41 metres tall, "
+        "and its keeper in 1902 was Tomas Brandt, who kept a diary of every ship that passed the point.")
+
+
+def _native_reference(model, prefix_ids, chunk_ids, query_ids):
+    """Prefix prefilled natively; the chunk prefilled alone at positions p..p+n; then the query. -> cache, logits"""
+    cache = prefix_cache(model, prefix_ids)
+    p = len(prefix_ids)
+    alone = DynamicCache()
+    positions = torch.arange(p, p + len(chunk_ids))[None]
+    model(input_ids=torch.tensor([chunk_ids]), position_ids=positions, cache=alone, use_cache=True)
+    for layer, cached in enumerate(alone.layers):
+        cache.update(cached.keys, cached.values, layer)
+    logits = model(input_ids=torch.tensor([query_ids]), cache=cache, use_cache=True).logits[0, -1]
+    return cache, logits
+
+
+def _placed(model, prefix_ids, kv, query_ids):
+    cache = prefix_cache(model, prefix_ids)
+    place_chunks(model, cache, [kv])
+    logits = model(input_ids=torch.tensor([query_ids]), cache=cache, use_cache=True).logits[0, -1]
+    return cache, logits
+
+
+def test_remove_rope_inverts_apply_rope():
+    torch.manual_seed(0)
+    keys = torch.randn(7, 3, 16)
+    angles = torch.rand(7, 8) * 50
+    # Scaled tables, as RoPE variants with an attention factor produce: removal must undo the scale too.
+    cos, sin = 1.3 * torch.cos(angles).repeat(1, 2), 1.3 * torch.sin(angles).repeat(1, 2)
+    assert torch.allclose(remove_rope(apply_rope(keys, cos, sin), cos, sin), keys, atol=1e-5)
+    assert not torch.allclose(apply_rope(keys, cos, sin), keys, atol=1e-2)
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_llama", "tiny_gemma"])
+def test_placed_chunk_matches_native_prefill_at_that_position(model_fixture, request):
+    lm = request.getfixturevalue(model_fixture)
+    tok = lm.tokenizer
+    prefix = tok("<|im_start|>user\nContext:", add_special_tokens=False)["input_ids"]
+    chunk = tok(TEXT, add_special_tokens=False)["input_ids"]
+    query = tok(" Who built it?", add_special_tokens=False)["input_ids"]
+    assert len(chunk) > 16  # longer than tiny Gemma's sliding window, so truncation is exercised
+    kv = prefill_kv(lm.model, chunk)
+    assert kv.keys.shape == (lm.num_layers, len(chunk), lm.num_kv_heads, lm.head_dim)
+
+    ref_cache, ref_logits = _native_reference(lm.model, prefix, chunk, query)
+    got_cache, got_logits = _placed(lm.model, prefix, kv, query)
+    for ref, got in zip(ref_cache.layers, got_cache.layers):
+        assert ref.keys.shape == got.keys.shape
+        torch.testing.assert_close(got.keys, ref.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.values, ref.values, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_logits, ref_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_sliding_layers_keep_only_their_window(tiny_gemma):
+    tok = tiny_gemma.tokenizer
+    chunk = tok(TEXT, add_special_tokens=False)["input_ids"]
+    cache = prefix_cache(tiny_gemma.model, [])
+    place_chunks(tiny_gemma.model, cache, [prefill_kv(tiny_gemma.model, chunk)])
+    window = tiny_gemma.config.sliding_window
+    lengths = [layer.keys.shape[-2] for layer in cache.layers]
+    assert lengths == [window - 1] * 5 + [len(chunk)]
+    assert cache.get_seq_length() == len(chunk)
+
+
+def test_a_wrong_position_changes_the_logits(tiny_llama):
+    """Guards the test above: placing the chunk at another position must not give the same logits."""
+    tok = tiny_llama.tokenizer
+    chunk = tok(TEXT, add_special_tokens=False)["input_ids"]
+    query = tok(" Who built it?", add_special_tokens=False)["input_ids"]
+    kv = prefill_kv(tiny_llama.model, chunk)
+    shifted = ChunkKV(torch.roll(kv.keys, 1, dims=1), kv.values)
+    _, ref = _placed(tiny_llama.model, [1, 2, 3], kv, query)
+    _, bad = _placed(tiny_llama.model, [1, 2, 3], shifted, query)
+    assert (ref - bad).abs().max() > 1e-3
+
+
+def test_rotary_tables_differ_per_layer_type(tiny_gemma):
+    tables = RotaryTables(tiny_gemma.model)
+    positions = torch.arange(100, 104)
+    sliding_cos, _ = tables(0, positions)
+    full_cos, _ = tables(5, positions)
+    assert sliding_cos.shape == (4, tiny_gemma.head_dim)
+    assert (sliding_cos - full_cos).abs().max() > 0.1
+
+
+@pytest.mark.slow
+def test_real_smollm2_reuse_is_exact():
+    """The real source model: stored (fp32) KV placed after a chat prefix matches native prefill there."""
+    from cagkit.models import load_model
+
+    lm = load_model("smollm2")
+    tok = lm.tokenizer
+    prefix = tok("<|im_start|>user\nContext:\n", add_special_tokens=False)["input_ids"]
+    chunk = tok(TEXT, add_special_tokens=False)["input_ids"]
+    query = tok("\nWho built the lighthouse?", add_special_tokens=False)["input_ids"]
+    _, ref = _native_reference(lm.model, prefix, chunk, query)
+    _, got = _placed(lm.model, prefix, prefill_kv(lm.model, chunk), query)
+    torch.testing.assert_close(got, ref, atol=2e-3, rtol=1e-3)
+    assert int(got.argmax()) == int(ref.argmax())
