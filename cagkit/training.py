@@ -1,0 +1,468 @@
+"""Train translators: paired prefills over a text corpus, the MoT training loop, the ridge baseline, evaluation.
+
+Data. Windows of corpus text are cut so the target tokenizes each into exactly `prefix + continuation` tokens.
+The prefix text is prefilled alone by the source (as `cagkit ingest` stores a chunk) and its KV gathered at the
+target tokens (`cagkit.alignment`); the target prefills `sink + prefix + continuation` natively once, which gives
+its RoPE-free prefix KV (the reconstruction target), its hidden states over the continuation and its top logits
+there (the Context Correction targets). Examples are stored in fp16 shards under the work dir; generation
+resumes shard by shard.
+
+Objective. KV reconstruction (MSE of normalised K and V per translated layer) + Context Correction Loss: the
+frozen target replays the continuation over `sink + translated prefix` and is pulled towards its native replay
+(KL over the native top logits, renormalised, plus relative MSE of every layer's hidden states), with gradients
+only into the translator + a load-balancing term that keeps every expert in use.
+
+Held-out files: any `.txt` under a folder named `testing`, and files named `test.txt`, are never trained on;
+`evaluate_translator` measures continuation NLL over them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from cagkit.alignment import align
+from cagkit.errors import TranslatorError
+from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv
+from cagkit.models import LoadedModel, cagkit_home, load_model
+from cagkit.rope import RotaryTables, apply_rope, remove_rope
+from cagkit.translators import (
+    Translator,
+    TranslatorConfig,
+    TranslatorNet,
+    embedding_layer_kv,
+    source_features,
+    token_features,
+    translator_path,
+)
+
+
+@dataclass
+class TrainSettings:
+    """Everything that shapes a training run; recorded in the card."""
+
+    steps: int = 1500
+    prefix_tokens: int = 128  # target tokens of the translated prefix
+    continuation_tokens: int = 32  # target tokens replayed for the Context Correction Loss
+    examples: int = 600
+    shard_size: int = 25
+    batch: int = 4
+    lr: float = 1e-3
+    warmup: int = 50
+    kv_weight: float = 1.0
+    kl_weight: float = 1.0
+    hidden_weight: float = 1.0
+    balance_weight: float = 0.01
+    top_logits: int = 64
+    ridge: float = 10.0
+    checkpoint_every: int = 25
+    heldout_examples: int = 24
+    seed: int = 0
+    threads: int = 1
+    sizes: dict = field(default_factory=dict)  # TranslatorConfig overrides (width, num_experts, align_mode...)
+
+
+def corpus_files(corpus: Path, heldout: bool) -> list[Path]:
+    """The corpus's `.txt` files for training (`heldout=False`) or held out for evaluation (`heldout=True`)."""
+    files = []
+    for path in sorted(Path(corpus).rglob("*.txt")):
+        if path.name.upper() == "SOURCE.TXT" or path.name.upper().startswith("README"):
+            continue
+        is_heldout = "testing" in path.relative_to(corpus).parts or path.name == "test.txt"
+        if is_heldout == heldout:
+            files.append(path)
+    if not files:
+        kind = "held-out (under testing/ or test.txt)" if heldout else "training"
+        raise TranslatorError(f"corpus {corpus} has no {kind} .txt files")
+    return files
+
+
+def sink_ids(target: LoadedModel) -> list[int]:
+    """The short target-native prefix every translated chunk follows (the attention sink): BOS when the model
+    has one, else its end-of-text token."""
+    tok = target.tokenizer
+    first = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    return [first] if first is not None else []
+
+
+def sample_windows(files: list[Path], count: int, seed: int, target: LoadedModel, need: int) -> list[str]:
+    """`count` text windows, each starting at a line start, that the target tokenizes into >= `need` tokens."""
+    rng = random.Random(seed)
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    sizes = [len(t) for t in texts]
+    windows = []
+    while len(windows) < count:
+        text = rng.choices(texts, weights=sizes)[0]
+        start = text.find("\n", rng.randrange(max(len(text) - 8 * need, 1))) + 1
+        window = text[start: start + 8 * need]
+        if len(window.split()) < need // 2:  # mostly blank: skip
+            continue
+        if target.count_tokens(window) >= need:
+            windows.append(window)
+    return windows
+
+
+@torch.no_grad()
+def make_example(source: LoadedModel, target: LoadedModel, window: str, settings: TrainSettings,
+                 align_mode: str, tables: tuple[RotaryTables, RotaryTables]) -> dict:
+    """One paired-prefill training example from a text window (see the module docstring)."""
+    P, C = settings.prefix_tokens, settings.continuation_tokens
+    enc = target.tokenizer(window, add_special_tokens=False, return_offsets_mapping=True)
+    ids = enc["input_ids"][: P + C]
+    offsets = torch.tensor(enc["offset_mapping"][:P])  # [P, 2]
+    prefix_text = window[: int(offsets[-1, 1])]
+    src = source.tokenizer(prefix_text, add_special_tokens=False, return_offsets_mapping=True)
+    source_kv = prefill_kv(source.model, src["input_ids"], tables[0])
+    features = source_features(source_kv, align(torch.tensor(src["offset_mapping"]), offsets, align_mode))
+
+    sink = sink_ids(target)
+    cache = DynamicCache()  # config-less: keeps every layer's full KV
+    out = target.model.get_decoder()(
+        input_ids=torch.tensor([sink + ids]), cache=cache, use_cache=True, output_hidden_states=True
+    )
+    s = len(sink)
+    positions = torch.arange(s, s + P)
+    kv = []
+    for layer, cached in enumerate(cache.layers):
+        k = cached.keys[0, :, s: s + P].transpose(0, 1)  # [1, H, T, D] -> [P, H, D]
+        v = cached.values[0, :, s: s + P].transpose(0, 1)
+        cos, sin = tables[1](layer, positions)
+        kv.append(torch.cat([remove_rope(k, cos, sin).flatten(1), v.flatten(1)], dim=-1))  # [P, 2Ft]
+    hidden = torch.stack(out.hidden_states[1:])[:, 0, s + P:]  # [Lt, C, E]
+    logits = _logits(target, out.last_hidden_state[0, s + P:])  # [C, V]
+    top = logits.topk(settings.top_logits, dim=-1)
+    return {
+        "source": features.half(),  # [P, Ls, 2Fs]
+        "target_kv": torch.stack(kv, dim=1).half(),  # [P, Lt, 2Ft]
+        "ids": torch.tensor(ids[:P]),
+        "continuation": torch.tensor(ids[P:]),
+        "hidden": hidden.bfloat16(),  # residual streams exceed the fp16 range (Gemma 3 reaches ~1e5)
+        "top_ids": top.indices,
+        "top_logits": top.values,
+    }
+
+
+def _logits(target: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's LM head on final hidden states, with its logit soft-capping when the config has one."""
+    logits = target.model.get_output_embeddings()(hidden)
+    cap = getattr(target.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def generate_data(source: LoadedModel, target: LoadedModel, corpus: Path, settings: TrainSettings,
+                  align_mode: str, data_dir: Path, log=print) -> dict:
+    """Make (or finish making) the training shards under `data_dir`; returns them stacked in memory."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    need = settings.prefix_tokens + settings.continuation_tokens
+    files = corpus_files(corpus, heldout=False)
+    tables = (RotaryTables(source.model), RotaryTables(target.model))
+    shards = math.ceil(settings.examples / settings.shard_size)
+    for index in range(shards):
+        path = data_dir / f"shard_{index:04d}.pt"
+        if path.exists():
+            continue
+        started = time.time()
+        windows = sample_windows(files, settings.shard_size, settings.seed * 100_003 + index, target, need)
+        examples = [make_example(source, target, w, settings, align_mode, tables) for w in windows]
+        stacked = {key: torch.stack([e[key] for e in examples]) for key in examples[0]}
+        tmp = path.with_suffix(".tmp")
+        torch.save(stacked, tmp)
+        os.replace(tmp, path)
+        log(f"data shard {index + 1}/{shards}: {len(examples)} examples in {time.time() - started:.0f}s")
+    parts = [torch.load(data_dir / f"shard_{i:04d}.pt") for i in range(shards)]
+    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
+
+def fit_statistics(net: TranslatorNet, data: dict) -> None:
+    """Per-channel mean and std of the source features and the translated layers' target K|V."""
+    src = data["source"].float().reshape(-1, *data["source"].shape[2:])  # [N, Ls, 2Fs]
+    tgt = data["target_kv"][:, :, net.cfg.native_layers:].float()
+    tgt = tgt.reshape(-1, *tgt.shape[2:])  # [N, Lx, 2Ft]
+    net.source_mean.copy_(src.mean(0))
+    net.source_std.copy_(src.std(0).clamp(min=1e-4))
+    net.target_mean.copy_(tgt.mean(0))
+    net.target_std.copy_(tgt.std(0).clamp(min=1e-4))
+
+
+@torch.no_grad()
+def fit_ridge(net: TranslatorNet, data: dict, ridge: float) -> dict:
+    """Closed-form ridge regression for a `linear` translator: per layer, normalised features -> normalised K|V.
+
+    Returns the training mean squared error per layer (normalised units).
+    """
+    src = data["source"].float()
+    target = net.normalise_target(data["target_kv"][:, :, net.cfg.native_layers:].float())  # [B, P, Lx, 2Ft]
+    target = target.reshape(-1, *target.shape[2:])
+    errors = []
+    for i, (layer, x) in enumerate(zip(net.layers, net.layer_inputs(src, None))):
+        x1 = torch.cat([x, torch.ones(len(x), 1)], dim=1).double()  # [N, F + 1]
+        gram = x1.T @ x1 + ridge * torch.eye(x1.shape[1], dtype=torch.double)
+        gram[-1, -1] -= ridge  # the bias is not shrunk
+        w = torch.linalg.solve(gram, x1.T @ target[:, i].double())  # [F + 1, 2Ft]
+        layer.head.weight.copy_(w[:-1].T.float())
+        layer.head.bias.copy_(w[-1].float())
+        errors.append(float(((x1 @ w).float() - target[:, i]).pow(2).mean()))
+    return {"kv_mse_per_layer": errors, "kv": sum(errors) / len(errors)}
+
+
+def place_differentiable(target: LoadedModel, cache: DynamicCache, kv: torch.Tensor, cfg: TranslatorConfig,
+                         tables: RotaryTables) -> None:
+    """Append RoPE-free K|V [B, P, Lt, 2Ft] after `cache`'s contents with the target's RoPE, keeping gradients
+    (the differentiable twin of `cagkit.kvcache.place_chunks`)."""
+    batch, steps = kv.shape[:2]
+    start = cache.get_seq_length()
+    positions = torch.arange(start, start + steps)
+    for layer in range(cfg.target_layers):
+        k = kv[:, :, layer, : cfg.target_kv_dim].reshape(batch, steps, cfg.target_heads, cfg.target_head_dim)
+        v = kv[:, :, layer, cfg.target_kv_dim:].reshape(batch, steps, cfg.target_heads, cfg.target_head_dim)
+        cos, sin = tables(layer, positions)
+        k = apply_rope(k, cos, sin)  # [B, P, H, D]
+        cache.update(k.transpose(1, 2), v.transpose(1, 2), layer)  # [B, H, P, D]
+
+
+def full_target_kv(net: TranslatorNet, target: LoadedModel, pred: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Translated K|V [B, P, Lx, 2Ft] (normalised) plus the exact embedding layers -> raw K|V [B, P, Lt, 2Ft]."""
+    raw = net.denormalise(pred)
+    if not net.cfg.native_layers:
+        return raw
+    bottom = []
+    for row in ids:
+        k, v = embedding_layer_kv(target.model, row)  # [P, H, D]
+        bottom.append(torch.cat([k.flatten(1), v.flatten(1)], dim=-1))
+    return torch.cat([torch.stack(bottom)[:, :, None], raw], dim=2)
+
+
+def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
+                       tables: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
+    """(KL, hidden) of the frozen target replaying the continuation over `sink + translated prefix` vs native."""
+    sink = sink_ids(target)
+    b = kv.shape[0]
+    cache = DynamicCache(config=target.model.config)
+    if sink:
+        with torch.no_grad():
+            target.model.get_decoder()(input_ids=torch.tensor([sink] * b), cache=cache, use_cache=True)
+    place_differentiable(target, cache, kv, cfg, tables)
+    out = target.model.get_decoder()(
+        input_ids=batch["continuation"], cache=cache, use_cache=True, output_hidden_states=True
+    )
+    hidden = torch.stack(out.hidden_states[1:], dim=1)  # [B, Lt, C, E]
+    native = batch["hidden"].float()
+    # per-channel relative error: a few huge residual channels must not drown the rest
+    scale = native.pow(2).mean(dim=(0, 2), keepdim=True)  # [1, Lt, 1, E]
+    scale = scale + 1e-3 * scale.mean(dim=-1, keepdim=True)
+    hidden_loss = ((hidden - native).pow(2) / scale).mean()
+    rows = target.model.get_output_embeddings().weight[batch["top_ids"]]  # [B, C, K, E]
+    logits = torch.einsum("bce,bcke->bck", out.last_hidden_state, rows)
+    cap = getattr(target.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    native_logp = torch.log_softmax(batch["top_logits"].float(), dim=-1)
+    kl = (native_logp.exp() * (native_logp - torch.log_softmax(logits, dim=-1))).sum(-1).mean()
+    return kl, hidden_loss
+
+
+def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings: TrainSettings,
+                 tables: RotaryTables) -> dict[str, torch.Tensor]:
+    """The weighted training loss of one batch of examples and its parts (kv, kl, hidden, balance)."""
+    cfg = net.cfg
+    pred, balance = net(batch["source"].float(), token_features(target.model, batch["ids"]))
+    kv_loss = (pred - net.normalise_target(batch["target_kv"][:, :, cfg.native_layers:].float())).pow(2).mean()
+    kl, hidden = context_correction(target, full_target_kv(net, target, pred, batch["ids"]), batch, cfg, tables)
+    loss = (settings.kv_weight * kv_loss + settings.kl_weight * kl + settings.hidden_weight * hidden
+            + settings.balance_weight * balance)
+    return {"loss": loss, "kv": kv_loss, "kl": kl, "hidden": hidden, "balance": balance}
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _lr_at(step: int, settings: TrainSettings) -> float:
+    if step < settings.warmup:
+        return settings.lr * (step + 1) / settings.warmup
+    progress = (step - settings.warmup) / max(settings.steps - settings.warmup, 1)
+    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train_loop(net: TranslatorNet, target: LoadedModel, data: dict, settings: TrainSettings, state_path: Path,
+               log=print) -> dict:
+    """Train `net` for `settings.steps`, checkpointing to `state_path` and resuming from it. Returns the state."""
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(settings.seed)
+    state = {"step": 0, "wall_s": 0.0, "history": []}
+    if state_path.exists():
+        saved = torch.load(state_path, weights_only=False)
+        net.load_state_dict(saved["net"])
+        opt.load_state_dict(saved["opt"])
+        gen.set_state(saved["generator"])
+        state = saved["state"]
+        log(f"resumed at step {state['step']}/{settings.steps}")
+    tables = RotaryTables(target.model)
+    net.train()
+    running: dict[str, float] = {}
+    while state["step"] < settings.steps:
+        started = time.time()
+        step = state["step"]
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, settings)
+        pick = torch.randint(len(data["ids"]), (settings.batch,), generator=gen)
+        parts = batch_losses(net, target, {key: value[pick] for key, value in data.items()}, settings, tables)
+        loss = parts["loss"]
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        for key, value in parts.items():
+            running[key] = value.item() if key not in running else 0.95 * running[key] + 0.05 * value.item()
+        state["step"] += 1
+        state["wall_s"] += time.time() - started
+        if state["step"] % 10 == 0 or state["step"] == settings.steps:
+            log(f"step {state['step']}/{settings.steps} " + " ".join(f"{k} {v:.4f}" for k, v in running.items())
+                + f" | {time.time() - started:.2f}s/step")
+        if state["step"] % settings.checkpoint_every == 0 or state["step"] == settings.steps:
+            state["history"].append({"step": state["step"], **running})
+            _save_atomic({"net": net.state_dict(), "opt": opt.state_dict(), "generator": gen.get_state(),
+                          "state": state}, state_path)
+    net.eval()
+    return state
+
+
+def _nll(target: LoadedModel, cache: DynamicCache, continuation: list[int]) -> float:
+    """Mean NLL of continuation[1:] given the cache and continuation[:-1]."""
+    ids = torch.tensor([continuation])
+    out = target.model.get_decoder()(input_ids=ids[:, :-1], cache=cache, use_cache=True)
+    logp = torch.log_softmax(_logits(target, out.last_hidden_state[0]).float(), dim=-1)
+    return float(-logp.gather(1, ids[0, 1:, None]).mean())
+
+
+@torch.no_grad()
+def evaluate_translator(translator: Translator, source: LoadedModel, target: LoadedModel, corpus: Path,
+                        settings: TrainSettings, native_bottom: tuple[int, ...] = ()) -> dict:
+    """Held-out continuation NLL with no context, native context and translated context (through the public
+    `translate` path), and recovery = (none - translated) / (none - native). `native_bottom` also scores
+    hybrids whose bottom k layers come from a native prefill (the injection-depth trade-off), with timings."""
+    P, C = settings.prefix_tokens, settings.continuation_tokens
+    windows = sample_windows(corpus_files(corpus, heldout=True), settings.heldout_examples, settings.seed + 7,
+                             target, P + C)
+    sink = sink_ids(target)
+    tables = RotaryTables(target.model)
+    sums: dict[str, float] = {}
+    timing = {"translate_s": 0.0, "target_prefill_s": 0.0}
+    for window in windows:
+        enc = target.tokenizer(window, add_special_tokens=False, return_offsets_mapping=True)
+        prefix_text = window[: enc["offset_mapping"][P - 1][1]]
+        src = source.tokenizer(prefix_text, add_special_tokens=False, return_offsets_mapping=True)
+        source_kv = prefill_kv(source.model, src["input_ids"])
+        started = time.time()
+        translated, ids = translator.translate(source_kv, src["input_ids"], torch.tensor(src["offset_mapping"]),
+                                               prefix_text, target)
+        timing["translate_s"] += time.time() - started
+        continuation = enc["input_ids"][P: P + C]
+        started = time.time()
+        native = prefill_kv(target.model, sink + ids, tables)
+        timing["target_prefill_s"] += time.time() - started
+        native = ChunkKV(native.keys[:, len(sink):], native.values[:, len(sink):])
+        contexts = {"none": [], "native": [native], "translated": [translated]}
+        for k in native_bottom:
+            contexts[f"native_bottom_{k}"] = [ChunkKV(torch.cat([native.keys[:k], translated.keys[k:]]),
+                                                      torch.cat([native.values[:k], translated.values[k:]]))]
+        for name, chunks in contexts.items():
+            cache = DynamicCache(config=target.model.config)
+            if sink:
+                target.model.get_decoder()(input_ids=torch.tensor([sink]), cache=cache, use_cache=True)
+            place_chunks(target.model, cache, chunks, tables)
+            sums[name] = sums.get(name, 0.0) + _nll(target, cache, continuation)
+    n = len(windows)
+    nll = {name: total / n for name, total in sums.items()}
+    gain = nll["none"] - nll["native"]
+    result = {
+        "heldout_files": [str(p) for p in corpus_files(corpus, heldout=True)],
+        "examples": n,
+        "prefix_tokens": P,
+        "continuation_tokens": C,
+        "nll": nll,
+        "recovery": {name: (nll["none"] - value) / gain for name, value in nll.items() if name != "none"},
+        "ms_per_chunk": {key: 1000 * value / n for key, value in timing.items()},
+    }
+    return result
+
+
+
+def train_translator(source: str, target: str, corpus: Path, steps: int | None = None, out: Path | None = None,
+                     kind: str = "mot", work_dir: Path | None = None, settings: TrainSettings | None = None,
+                     log=print) -> Path:
+    """Train (or resume training) the `kind` translator from `source` to `target` on `corpus`.
+
+    Paired-prefill shards and the training state live in `work_dir` (default
+    `$CAGKIT_HOME/train/<source>__<target>`), so an interrupted run continues where it stopped. Writes the
+    checkpoint (default `translators/<source>__<target>[.<kind>].safetensors`) and its JSON card; returns its path.
+    """
+    settings = settings or TrainSettings()
+    if steps is not None:
+        settings.steps = steps
+    torch.set_num_threads(settings.threads)
+    random.seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    corpus = Path(corpus)
+    started = time.time()
+    src, tgt = load_model(source), load_model(target)
+    out = Path(out) if out else translator_path(source, target, kind)
+    work_dir = Path(work_dir) if work_dir else cagkit_home() / "train" / f"{source}__{target}"
+    cfg = TranslatorConfig.for_models(kind, src, tgt, **settings.sizes)
+    data_dir = work_dir / (f"data-{cfg.align_mode}-p{settings.prefix_tokens}c{settings.continuation_tokens}"
+                           f"k{settings.top_logits}-seed{settings.seed}")
+    data = generate_data(src, tgt, corpus, settings, cfg.align_mode, data_dir, log)
+    data_s = time.time() - started
+    net = TranslatorNet(cfg)
+    fit_statistics(net, data)
+    if kind == "linear":
+        fit_started = time.time()
+        final = fit_ridge(net, data, settings.ridge)
+        train_s, steps_done = time.time() - fit_started, 0
+    else:
+        state = train_loop(net, tgt, data, settings, work_dir / f"{kind}.state.pt", log)
+        final, train_s, steps_done = state["history"][-1], state["wall_s"], state["step"]
+    translator = Translator(net, src.fingerprint, tgt.fingerprint, {})
+    log("evaluating on held-out text ...")
+    heldout = evaluate_translator(translator, src, tgt, corpus, settings, native_bottom=(2, tgt.num_layers // 2))
+    log(f"held-out NLL {json.dumps(heldout['nll'])} recovery {json.dumps(heldout['recovery'])}")
+    card = {
+        "kind": kind,
+        "source": {"name": source, "fingerprint": src.fingerprint},
+        "target": {"name": target, "fingerprint": tgt.fingerprint},
+        "corpus": str(corpus),
+        "training_examples": len(data["ids"]),
+        "training_tokens": int(data["ids"].numel()),
+        "steps": steps_done,
+        "final_losses": final,
+        "heldout": heldout,
+        "injection_depth": {
+            "default": f"layer 0 exact from token embeddings, layers 1..{tgt.num_layers - 1} translated"
+            if cfg.native_layers else "all layers translated",
+            "native_bottom_k": "heldout.nll['native_bottom_<k>']: bottom k layers from a native target prefill "
+                               "(costs about k/L of heldout.ms_per_chunk.target_prefill_s)",
+        },
+        "sink": "target BOS (or end-of-text when the model has no BOS) before the translated chunk",
+        "config": asdict(cfg),
+        "settings": asdict(settings),
+        "wall_time_s": {"data_this_run": round(data_s, 1), "training_total": round(train_s, 1),
+                        "this_run_total": round(time.time() - started, 1)},
+        "peak_memory_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    translator.save(out, card)
+    log(f"wrote {out} and {out.with_suffix('.json')}")
+    return out

@@ -1,0 +1,373 @@
+"""Translate a source model's RoPE-free KV cache into a target model's cache space.
+
+A translator maps, for every target layer, aligned source KV features to the target's keys (RoPE removed) and
+values. Three kinds share one file format and one `translate` path:
+
+- `mot` (default): Mixture-of-Translators. Per target layer a small MLP trunk reads the source K/V of a window
+  of source layers matched by depth plus the target's own token identity (input embeddings of the aligned
+  target token and the one before it), and a token-level router sends each token to its top-k of several
+  expert MLPs; a shared linear head carries what every token needs.
+- `projector`: the same trunk with one expert MLP and no router (baseline).
+- `linear`: one ridge-regression map per target layer from the source window alone (baseline, closed form).
+
+Injection depth: the target's bottom layer is not translated. Its keys and values depend on each token alone
+(embedding -> norm -> projection, no attention), so `translate` computes them exactly from the target's own
+weights at table-lookup cost; every layer above it is translated. Recomputing more layers natively would mean
+running the target's attention over the chunk, i.e. part of the prefill cagkit exists to skip; the measured
+trade-off is in each translator's card (`injection_depth`).
+
+Checkpoints are `translators/<source>__<target>.safetensors` (baselines `<source>__<target>.<kind>.safetensors`),
+weights in fp16 with the config and both model fingerprints in the safetensors metadata, and a JSON card next
+to each with how it was trained and what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from cagkit.alignment import align
+from cagkit.errors import TranslatorError
+from cagkit.kvcache import ChunkKV
+
+KINDS = ("mot", "projector", "linear")
+FORMAT_VERSION = 1
+
+
+@dataclass
+class TranslatorConfig:
+    """Shapes of both models and the translator's own sizes; stored in every checkpoint."""
+
+    kind: str
+    source_layers: int
+    source_kv_dim: int  # source KV heads * head dim (one of K or V)
+    target_layers: int
+    target_heads: int
+    target_head_dim: int
+    target_embed_dim: int
+    native_layers: int = 1  # bottom target layers computed exactly from token embeddings (0 or 1)
+    window: int = 3  # source layers per target layer, centred on the depth-matched one
+    width: int = 160  # trunk width
+    expert_hidden: int = 128
+    num_experts: int = 4
+    top_k: int = 2
+    token_dim: int = 128  # projected token-identity features
+    align_mode: str = "cover"
+
+    @property
+    def target_kv_dim(self) -> int:
+        return self.target_heads * self.target_head_dim
+
+    @property
+    def translated_layers(self) -> list[int]:
+        return list(range(self.native_layers, self.target_layers))
+
+    def source_window(self, target_layer: int) -> list[int]:
+        """The `window` source layers nearest in relative depth to `target_layer`."""
+        centre = round(target_layer * (self.source_layers - 1) / max(self.target_layers - 1, 1))
+        first = min(max(centre - self.window // 2, 0), self.source_layers - self.window)
+        return list(range(max(first, 0), min(first + self.window, self.source_layers)))
+
+    @classmethod
+    def for_models(cls, kind: str, source, target, **sizes) -> "TranslatorConfig":
+        """A config for a source and target model (anything with `.config`, e.g. `LoadedModel`)."""
+        if kind not in KINDS:
+            raise TranslatorError(f"unknown translator kind '{kind}'; use one of {', '.join(KINDS)}")
+        s_cfg, t_cfg = _text_config(source), _text_config(target)
+        sizes["window"] = min(sizes.get("window", cls.window), s_cfg.num_hidden_layers)
+        if kind == "projector":
+            sizes = {"num_experts": 1, "top_k": 1, "expert_hidden": 2 * cls.expert_hidden, **sizes}
+        return cls(
+            kind=kind,
+            source_layers=s_cfg.num_hidden_layers,
+            source_kv_dim=s_cfg.num_key_value_heads * _head_dim(s_cfg),
+            target_layers=t_cfg.num_hidden_layers,
+            target_heads=t_cfg.num_key_value_heads,
+            target_head_dim=_head_dim(t_cfg),
+            target_embed_dim=t_cfg.hidden_size,
+            **sizes,
+        )
+
+
+def _text_config(model):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+class LayerTranslator(nn.Module):
+    """One target layer: features [N, F_in] -> normalised target K and V [N, 2 * Ht * Dt], plus a balance loss.
+
+    `linear` is a single affine map; `mot` and `projector` run a trunk, a shared linear head and the
+    router-weighted sum of the top-k expert MLPs (`projector` has one expert, always chosen).
+    """
+
+    def __init__(self, cfg: TranslatorConfig, in_dim: int):
+        super().__init__()
+        out_dim = 2 * cfg.target_kv_dim
+        self.kind, self.top_k = cfg.kind, cfg.top_k
+        if cfg.kind == "linear":
+            self.head = nn.Linear(in_dim, out_dim)
+            return
+        self.trunk = nn.Sequential(nn.Linear(in_dim, cfg.width), nn.LayerNorm(cfg.width), nn.GELU())
+        self.head = nn.Linear(cfg.width, out_dim)
+        self.router = nn.Linear(cfg.width, cfg.num_experts) if cfg.num_experts > 1 else None
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(cfg.width, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, out_dim))
+            for _ in range(cfg.num_experts)
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [N, F_in] -> y: [N, 2 * Ht * Dt]
+        if self.kind == "linear":
+            return self.head(x), x.new_zeros(())
+        h = self.trunk(x)  # [N, width]
+        y = self.head(h)
+        if self.router is None:
+            return y + self.experts[0](h), x.new_zeros(())
+        probs = torch.softmax(self.router(h), dim=-1)  # [N, E]
+        top_p, top_i = probs.topk(self.top_k, dim=-1)  # [N, k]
+        gates = top_p / top_p.sum(dim=-1, keepdim=True)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (top_i == e).nonzero(as_tuple=True)
+            if rows.numel():
+                y = y.index_add(0, rows, gates[rows, slot, None] * expert(h[rows]))
+        # Switch-style balance: fraction of assignments per expert times its mean probability, 1.0 when uniform
+        share = torch.bincount(top_i.reshape(-1), minlength=len(self.experts)).float() / top_i.numel()
+        balance = len(self.experts) * (share * probs.mean(dim=0)).sum()
+        return y, balance
+
+
+class TranslatorNet(nn.Module):
+    """All translated target layers, with the normalisation statistics fitted on the training data.
+
+    forward(source [B, T, Ls, 2 * Fs] raw aligned source K|V, tokens [B, T, 2 * Et]) ->
+    (prediction [B, T, Lx, 2 * Ft] normalised, balance loss); `denormalise` maps to raw target K|V.
+    """
+
+    def __init__(self, cfg: TranslatorConfig):
+        super().__init__()
+        self.cfg = cfg
+        layers = cfg.translated_layers
+        self.register_buffer("source_mean", torch.zeros(cfg.source_layers, 2 * cfg.source_kv_dim))
+        self.register_buffer("source_std", torch.ones(cfg.source_layers, 2 * cfg.source_kv_dim))
+        self.register_buffer("target_mean", torch.zeros(len(layers), 2 * cfg.target_kv_dim))
+        self.register_buffer("target_std", torch.ones(len(layers), 2 * cfg.target_kv_dim))
+        self.register_buffer("windows", torch.tensor([cfg.source_window(t) for t in layers], dtype=torch.long))
+        uses_tokens = cfg.kind != "linear"
+        self.token_proj = nn.Linear(2 * cfg.target_embed_dim, cfg.token_dim) if uses_tokens else None
+        in_dim = cfg.window * 2 * cfg.source_kv_dim + (cfg.token_dim if uses_tokens else 0)
+        self.layers = nn.ModuleList(LayerTranslator(cfg, in_dim) for _ in layers)
+
+    def layer_inputs(self, source: torch.Tensor, tokens: torch.Tensor | None) -> list[torch.Tensor]:
+        """Per translated layer, its input features [N, F_in] (N = B * T)."""
+        z = (source - self.source_mean) / self.source_std  # [B, T, Ls, 2Fs]
+        z = z.reshape(-1, *z.shape[2:])  # [N, Ls, 2Fs]
+        tok = self.token_proj(tokens.reshape(z.shape[0], -1)) if self.token_proj is not None else None  # [N, td]
+        inputs = []
+        for window in self.windows:
+            x = z[:, window].reshape(z.shape[0], -1)  # [N, window * 2Fs]
+            inputs.append(x if tok is None else torch.cat([x, tok], dim=-1))
+        return inputs
+
+    def forward(self, source: torch.Tensor, tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, steps = source.shape[:2]
+        outs, balance = [], source.new_zeros(())
+        for layer, x in zip(self.layers, self.layer_inputs(source, tokens)):
+            y, b = layer(x)
+            outs.append(y)
+            balance = balance + b / len(self.layers)
+        pred = torch.stack(outs, dim=1)  # [N, Lx, 2Ft]
+        return pred.reshape(batch, steps, *pred.shape[1:]), balance
+
+    def denormalise(self, pred: torch.Tensor) -> torch.Tensor:
+        return pred * self.target_std + self.target_mean
+
+    def normalise_target(self, kv: torch.Tensor) -> torch.Tensor:
+        return (kv - self.target_mean) / self.target_std
+
+
+def source_features(source_kv: ChunkKV, weights: torch.Tensor) -> torch.Tensor:
+    """Source K|V gathered at target tokens. weights: [Tt, Ts] from `align` -> [Tt, Ls, 2 * Hs * Ds] float32."""
+    keys, values = source_kv.keys.float(), source_kv.values.float()  # [Ls, Ts, Hs, Ds]
+    kv = torch.cat([keys.flatten(2), values.flatten(2)], dim=-1)  # [Ls, Ts, 2F]
+    return torch.einsum("ts,lsf->tlf", weights, kv)
+
+
+def token_features(target_model, ids: torch.Tensor) -> torch.Tensor:
+    """Unit-normalised target input embeddings of each token and the one before it. ids: [..., T] -> [..., T, 2E]."""
+    table = target_model.get_input_embeddings().weight
+    emb = nn.functional.normalize(table[ids].detach().float(), dim=-1)  # [..., T, E]
+    prev = torch.cat([torch.zeros_like(emb[..., :1, :]), emb[..., :-1, :]], dim=-2)
+    return torch.cat([emb, prev], dim=-1)
+
+
+@torch.no_grad()
+def embedding_layer_kv(target_model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's exact RoPE-free layer-0 keys and values, which depend on each token alone.
+
+    ids: [T] -> keys, values [T, H, D]. Uses the model's own modules (embedding scale, input norm, projection
+    biases and any key/value norm come from the model), so it equals a native prefill's layer 0.
+    """
+    decoder = target_model.get_decoder()
+    layer = decoder.layers[0]
+    attn = layer.self_attn
+    h = layer.input_layernorm(target_model.get_input_embeddings()(ids[None]))  # [1, T, E]
+    head_dim = attn.head_dim
+    keys = attn.k_proj(h).view(len(ids), -1, head_dim)  # [T, H, D]
+    values = attn.v_proj(h).view(len(ids), -1, head_dim)
+    if hasattr(attn, "k_norm"):
+        keys = attn.k_norm(keys)
+    if hasattr(attn, "v_norm"):
+        values = attn.v_norm(values)
+    return keys.float(), values.float()
+
+
+class Translator:
+    """A trained translator for one (source, target) pair; `translate` turns a source chunk into target KV."""
+
+    def __init__(self, net: TranslatorNet, source_fingerprint: str, target_fingerprint: str, card: dict):
+        self.net = net.eval()
+        self.cfg = net.cfg
+        self.kind = net.cfg.kind
+        self.source_fingerprint = source_fingerprint
+        self.target_fingerprint = target_fingerprint
+        self.card = card
+
+    @torch.no_grad()
+    def translate(
+        self,
+        source_kv: ChunkKV,
+        source_token_ids: list[int],
+        source_offsets: torch.Tensor,
+        text: str,
+        target,
+    ) -> tuple[ChunkKV, list[int]]:
+        """Target-space RoPE-free KV [Lt, Tt, Ht, Dt] of `text` as the target tokenizes it, and those token ids.
+
+        source_kv: the source chunk's KV [Ls, Ts, Hs, Ds] (any float dtype); source_offsets: [Ts, 2] char spans
+        of its tokens in `text`. Layer 0 is computed exactly from the target's embeddings, the rest translated.
+        """
+        if target.fingerprint != self.target_fingerprint:
+            raise TranslatorError(
+                f"translator trained for target fingerprint {self.target_fingerprint} got model '{target.name}' "
+                f"with fingerprint {target.fingerprint}; load the translator for this model with load_translator"
+            )
+        source_offsets = torch.as_tensor(source_offsets, dtype=torch.long).reshape(-1, 2)
+        if not (source_kv.num_tokens == len(source_token_ids) == len(source_offsets)):
+            raise TranslatorError(
+                f"source chunk has {source_kv.num_tokens} KV tokens, {len(source_token_ids)} token ids and "
+                f"{len(source_offsets)} offsets; they must agree (was the store built with another tokenizer?)"
+            )
+        enc = target.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = torch.tensor(enc["input_ids"], dtype=torch.long)  # [Tt]
+        cfg = self.cfg
+        keys = torch.zeros(cfg.target_layers, len(ids), cfg.target_heads, cfg.target_head_dim)
+        values = torch.zeros_like(keys)
+        if len(ids) == 0:
+            return ChunkKV(keys, values), []
+        weights = align(source_offsets, torch.tensor(enc["offset_mapping"]), cfg.align_mode)  # [Tt, Ts]
+        source = source_features(source_kv, weights)[None]  # [1, Tt, Ls, 2Fs]
+        tokens = token_features(target.model, ids)[None]  # [1, Tt, 2E]
+        pred, _ = self.net(source, tokens)
+        kv = self.net.denormalise(pred)[0].transpose(0, 1)  # [Tt, Lx, 2Ft] -> [Lx, Tt, 2Ft]
+        shape = (len(cfg.translated_layers), len(ids), cfg.target_heads, cfg.target_head_dim)
+        keys[cfg.native_layers:] = kv[..., : cfg.target_kv_dim].reshape(shape)
+        values[cfg.native_layers:] = kv[..., cfg.target_kv_dim:].reshape(shape)
+        if cfg.native_layers:
+            keys[0], values[0] = embedding_layer_kv(target.model, ids)
+        return ChunkKV(keys, values), ids.tolist()
+
+    def save(self, path: Path, card: dict | None = None) -> Path:
+        """Write the checkpoint (fp16 weights, fp32 statistics) and its JSON card, each atomically."""
+        from safetensors.torch import save_file
+
+        card = card if card is not None else self.card
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            name: (t.half() if t.is_floating_point() and not name.endswith(("_mean", "_std")) else t).contiguous()
+            for name, t in self.net.state_dict().items()
+        }
+        metadata = {
+            "format_version": str(FORMAT_VERSION),
+            "config": json.dumps(asdict(self.cfg)),
+            "source_fingerprint": self.source_fingerprint,
+            "target_fingerprint": self.target_fingerprint,
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+        card_tmp = card_path(path).with_name(card_path(path).name + ".tmp")
+        card_tmp.write_text(json.dumps(card, indent=2) + "\n")
+        os.replace(card_tmp, card_path(path))
+        self.card = card
+        return path
+
+
+def translators_dir() -> Path:
+    """Where shipped translators live: `$CAGKIT_TRANSLATORS`, else `translators/` at the repository root."""
+    env = os.environ.get("CAGKIT_TRANSLATORS")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "translators"
+
+
+def translator_path(source: str, target: str, kind: str = "mot") -> Path:
+    suffix = ".safetensors" if kind == "mot" else f".{kind}.safetensors"
+    return translators_dir() / f"{source}__{target}{suffix}"
+
+
+def card_path(checkpoint: Path) -> Path:
+    return Path(checkpoint).with_suffix(".json")
+
+
+def train_command(source: str, target: str, kind: str = "mot") -> str:
+    kind_flag = "" if kind == "mot" else f" --kind {kind}"
+    return f"cagkit translators train --source {source} --target {target} --corpus /work/shared/data/corpus{kind_flag}"
+
+
+def read_translator(path: Path) -> Translator:
+    """Load a checkpoint file as it is, without checking which models it is for."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
+    if meta.get("format_version") != str(FORMAT_VERSION):
+        raise TranslatorError(
+            f"translator {path} has format version {meta.get('format_version')}, this cagkit reads "
+            f"{FORMAT_VERSION}; retrain it with `cagkit translators train`"
+        )
+    net = TranslatorNet(TranslatorConfig(**json.loads(meta["config"])))
+    net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+    card = json.loads(card_path(path).read_text()) if card_path(path).exists() else {}
+    return Translator(net, meta["source_fingerprint"], meta["target_fingerprint"], card)
+
+
+def load_translator(source_name: str, source_fingerprint: str, target, kind: str = "mot") -> Translator:
+    """The `kind` translator from `source_name` to the loaded `target`, checked against both fingerprints."""
+    path = translator_path(source_name, target.name, kind)
+    if not path.exists():
+        raise TranslatorError(
+            f"no {kind} translator from '{source_name}' to '{target.name}': {path} does not exist; train one with "
+            f"`{train_command(source_name, target.name, kind)}`"
+        )
+    translator = read_translator(path)
+    for role, expected, actual, name in (
+        ("source", translator.source_fingerprint, source_fingerprint, source_name),
+        ("target", translator.target_fingerprint, target.fingerprint, target.name),
+    ):
+        if expected != actual:
+            raise TranslatorError(
+                f"translator {path} was trained for {role} model fingerprint {expected}, but '{name}' has "
+                f"fingerprint {actual}; retrain it with `{train_command(source_name, target.name, kind)}` "
+                f"(or rebuild the store with the model the translator was trained for)"
+            )
+    return translator

@@ -1,0 +1,255 @@
+"""Translators on tiny random models: layer-0 exactness, routing, ridge, training, files and refusals.
+
+The source is a 4-layer Llama with the real SmolLM2 tokenizer, the target a 6-layer Gemma 3 (sliding windows,
+two RoPE bases) with the real Gemma tokenizer, so alignment between two different tokenizations is exercised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import make_tiny_gemma3, make_tiny_llama
+
+from cagkit.alignment import align
+from cagkit.errors import ModelError, TranslatorError
+from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
+from cagkit.models import LoadedModel, convert, register_loaded
+from cagkit.rope import RotaryTables
+from cagkit.training import (
+    TrainSettings,
+    batch_losses,
+    fit_ridge,
+    generate_data,
+    sink_ids,
+    train_translator,
+)
+from cagkit.translators import (
+    LayerTranslator,
+    Translator,
+    TranslatorConfig,
+    TranslatorNet,
+    embedding_layer_kv,
+    load_translator,
+    read_translator,
+    translator_path,
+)
+
+SIZES = {"width": 32, "expert_hidden": 16, "token_dim": 16}
+TEXT = "The lighthouse keeper counted 1,204 ships — naïvely — before the storm of '89 reached Ålesund."
+
+
+@pytest.fixture(scope="module")
+def gemma_tokenizer():
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(convert("gemma"))
+    except ModelError as exc:
+        pytest.skip(f"the Gemma tokenizer is unavailable: {exc}")
+
+
+@pytest.fixture(scope="module")
+def pair(smollm2_tokenizer, gemma_tokenizer):
+    source = LoadedModel(name="tiny-src", model=make_tiny_llama(smollm2_tokenizer, layers=4),
+                         tokenizer=smollm2_tokenizer, fingerprint="src-fp", chat=False)
+    target = LoadedModel(name="tiny-tgt", model=make_tiny_gemma3(gemma_tokenizer, seed=1),
+                         tokenizer=gemma_tokenizer, fingerprint="tgt-fp", chat=False)
+    register_loaded("tiny-src", source)
+    register_loaded("tiny-tgt", target)
+    return source, target
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    words = ("river stone lantern orchard whisper copper meadow harbour signal winter candle ledger "
+             "falcon thimble quarry saddle").split()
+    lines = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(9)) + "." for i in range(400)]
+    (root / "training").mkdir()
+    (root / "testing").mkdir()
+    (root / "training" / "a.txt").write_text("\n".join(lines[:300]))
+    (root / "testing" / "b.txt").write_text("\n".join(lines[300:]))
+    return root
+
+
+def tiny_settings(**changes) -> TrainSettings:
+    base = TrainSettings(steps=40, prefix_tokens=24, continuation_tokens=8, examples=8, shard_size=4, batch=4,
+                         lr=3e-3, warmup=5, top_logits=16, checkpoint_every=20, heldout_examples=2, sizes=SIZES)
+    return dataclasses.replace(base, **changes)
+
+
+def source_chunk(source, text):
+    enc = source.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return prefill_kv(source.model, enc["input_ids"]), enc["input_ids"], torch.tensor(enc["offset_mapping"])
+
+
+def test_source_windows_follow_depth():
+    cfg = TranslatorConfig(kind="mot", source_layers=30, source_kv_dim=192, target_layers=18, target_heads=1,
+                           target_head_dim=256, target_embed_dim=640)
+    windows = [cfg.source_window(t) for t in range(18)]
+    assert windows[0] == [0, 1, 2] and windows[-1] == [27, 28, 29]
+    assert all(len(w) == 3 and w == list(range(w[0], w[0] + 3)) for w in windows)
+    assert all(a[0] <= b[0] for a, b in zip(windows, windows[1:]))
+    assert 8 in cfg.source_window(5)  # layer 5 of 18 sits at 29% depth, source layer 8.5 of 30
+
+
+def test_embedding_layer_kv_equals_a_native_prefill(pair):
+    for model in pair:
+        ids = model.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+        native = prefill_kv(model.model, ids)
+        keys, values = embedding_layer_kv(model.model, torch.tensor(ids))
+        assert torch.allclose(keys, native.keys[0], atol=1e-5)
+        assert torch.allclose(values, native.values[0], atol=1e-5)
+
+
+def test_router_output_is_the_gated_sum_of_its_top_k_experts():
+    torch.manual_seed(0)
+    cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=8, target_layers=3, target_heads=1,
+                           target_head_dim=4, target_embed_dim=8, num_experts=4, top_k=2, **SIZES)
+    layer = LayerTranslator(cfg, in_dim=20)
+    x = torch.randn(50, 20)
+    y, balance = layer(x)
+    h = layer.trunk(x)
+    probs = torch.softmax(layer.router(h), dim=-1)
+    top_p, top_i = probs.topk(2, dim=-1)
+    expected = layer.head(h)
+    for n in range(len(x)):
+        for p, e in zip(top_p[n] / top_p[n].sum(), top_i[n]):
+            expected[n] += p * layer.experts[int(e)](h[n])
+    assert torch.allclose(y, expected, atol=1e-5)
+    assert 1.0 <= balance.item() <= 4.0  # 1 when balanced, E when one expert takes everything
+    with torch.no_grad():
+        layer.router.weight.zero_()
+        layer.router.bias.zero_()
+    _, uniform = layer(x)
+    assert uniform.item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_ridge_recovers_a_known_linear_map():
+    torch.manual_seed(0)
+    cfg = TranslatorConfig(kind="linear", source_layers=4, source_kv_dim=6, target_layers=3, target_heads=2,
+                           target_head_dim=3, target_embed_dim=8, window=2)
+    net = TranslatorNet(cfg)  # statistics stay at mean 0, std 1: normalised == raw
+    source = torch.randn(20, 16, 4, 12)  # [B, P, Ls, 2Fs]
+    target_kv = torch.zeros(20, 16, 3, 12)  # [B, P, Lt, 2Ft]; layer 0 is native, not fitted
+    truth = []
+    for i, window in enumerate(net.windows):
+        w, b = torch.randn(12, 24), torch.randn(12)
+        truth.append((w, b))
+        target_kv[:, :, 1 + i] = source[:, :, window].flatten(2) @ w.T + b
+    errors = fit_ridge(net, {"source": source, "target_kv": target_kv}, ridge=1e-6)
+    for layer, (w, b) in zip(net.layers, truth):
+        assert torch.allclose(layer.head.weight, w, atol=1e-4)
+        assert torch.allclose(layer.head.bias, b, atol=1e-4)
+    assert errors["kv"] < 1e-8
+
+
+def test_training_reduces_the_loss(pair, corpus, tmp_path):
+    source, target = pair
+    settings = tiny_settings()
+    cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
+    data = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "data", log=lambda m: None)
+    assert data["source"].shape == (8, 24, 4, 2 * 2 * 16)  # [N, P, Ls, 2 * Hs * Ds]
+    assert data["target_kv"].shape == (8, 24, 6, 2 * 1 * 32)
+    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
+                            settings=settings, log=lambda m: None)
+    trained = read_translator(path)
+    fresh = TranslatorNet(cfg)
+    fresh.load_state_dict({k: v for k, v in trained.net.state_dict().items() if k.endswith(("_mean", "_std"))},
+                          strict=False)
+    tables = RotaryTables(target.model)
+    with torch.no_grad():
+        before = batch_losses(fresh.eval(), target, data, settings, tables)
+        after = batch_losses(trained.net, target, data, settings, tables)
+    assert after["loss"] < 0.8 * before["loss"]
+    assert after["kv"] < before["kv"] and after["kl"] < before["kl"]
+    card = trained.card
+    assert card["steps"] == 40 and card["target"]["fingerprint"] == "tgt-fp"
+    assert set(card["heldout"]["nll"]) >= {"none", "native", "translated"}
+
+
+def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
+    logs = []
+    common = dict(out=tmp_path / "t.safetensors", work_dir=tmp_path, log=logs.append)
+    train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=20, checkpoint_every=10), **common)
+    logs.clear()
+    train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=30, checkpoint_every=10), **common)
+    assert "resumed at step 20/30" in logs
+    assert not any(line.startswith("data shard") for line in logs)  # the shards were reused
+    assert read_translator(tmp_path / "t.safetensors").card["steps"] == 30
+
+
+def _rounded_translator(pair, kind: str) -> Translator:
+    """An untrained translator whose weights are fp16-representable, so a file round trip is exact."""
+    source, target = pair
+    torch.manual_seed(0)
+    net = TranslatorNet(TranslatorConfig.for_models(kind, source, target, **SIZES))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(p.half().float())
+    return Translator(net, source.fingerprint, target.fingerprint, {"kind": kind})
+
+
+@pytest.mark.parametrize("kind", ["mot", "projector", "linear"])
+def test_translate_layout_and_file_round_trip(pair, tmp_path, monkeypatch, kind):
+    source, target = pair
+    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path))
+    translator = _rounded_translator(pair, kind)
+    kv, ids, offsets = source_chunk(source, TEXT)
+    out, target_ids = translator.translate(kv, ids, offsets, TEXT, target)
+    assert target_ids == target.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    assert out.keys.shape == out.values.shape == (6, len(target_ids), 1, 32)  # [Lt, Tt, Ht, Dt]
+    native = prefill_kv(target.model, target_ids)
+    assert torch.allclose(out.keys[0], native.keys[0], atol=1e-5)  # layer 0 is exact, not translated
+    half, _ = translator.translate(ChunkKV(kv.keys.half(), kv.values.half()), ids, offsets, TEXT, target)
+    assert torch.allclose(half.keys, out.keys, atol=1e-2, rtol=1e-2)
+
+    translator.save(translator_path("tiny-src", "tiny-tgt", kind))
+    loaded = load_translator("tiny-src", "src-fp", target, kind)
+    again, _ = loaded.translate(kv, ids, offsets, TEXT, target)
+    assert loaded.kind == kind and loaded.card == {"kind": kind}
+    assert torch.equal(again.keys, out.keys) and torch.equal(again.values, out.values)
+
+    cache = prefix_cache(target.model, sink_ids(target))
+    place_chunks(target.model, cache, [again])
+    assert cache.get_seq_length() == len(sink_ids(target)) + len(target_ids)
+
+
+def test_translated_chunk_uses_the_aligned_source_tokens(pair):
+    """Changing one source token's KV changes only the target tokens aligned to it (token-local translation)."""
+    source, target = pair
+    translator = _rounded_translator(pair, "mot")
+    kv, ids, offsets = source_chunk(source, TEXT)
+    out, target_ids = translator.translate(kv, ids, offsets, TEXT, target)
+    target_offsets = torch.tensor(target.tokenizer(TEXT, add_special_tokens=False,
+                                                   return_offsets_mapping=True)["offset_mapping"])
+    weights = align(offsets, target_offsets, translator.cfg.align_mode)
+    poked = ChunkKV(kv.keys.clone(), kv.values.clone())
+    poked.values[:, 5] += 3.0
+    changed, _ = translator.translate(poked, ids, offsets, TEXT, target)
+    moved = (changed.keys - out.keys).abs().flatten(2).amax(dim=(0, 2)) > 0  # [Tt]
+    assert torch.equal(moved, weights[:, 5] > 0)
+
+
+def test_missing_and_mismatched_translators_are_refused(pair, tmp_path, monkeypatch):
+    source, target = pair
+    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path))
+    with pytest.raises(TranslatorError) as missing:
+        load_translator("tiny-src", "src-fp", target)
+    assert str(tmp_path / "tiny-src__tiny-tgt.safetensors") in str(missing.value)
+    assert "cagkit translators train --source tiny-src --target tiny-tgt" in str(missing.value)
+
+    _rounded_translator(pair, "mot").save(translator_path("tiny-src", "tiny-tgt"))
+    with pytest.raises(TranslatorError) as wrong_source:
+        load_translator("tiny-src", "other-src-fp", target)
+    assert "src-fp" in str(wrong_source.value) and "other-src-fp" in str(wrong_source.value)
+    other_target = dataclasses.replace(target, fingerprint="other-tgt-fp")
+    with pytest.raises(TranslatorError) as wrong_target:
+        load_translator("tiny-src", "src-fp", other_target)
+    assert "tgt-fp" in str(wrong_target.value) and "other-tgt-fp" in str(wrong_target.value)
+    translator = load_translator("tiny-src", "src-fp", target)
+    kv, ids, offsets = source_chunk(source, TEXT)
+    with pytest.raises(TranslatorError, match="other-tgt-fp"):
+        translator.translate(kv, ids, offsets, TEXT, other_target)
