@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from transformers import DynamicCache
+
 from cagkit.embeddings import embed
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
@@ -97,39 +99,57 @@ def answer_from_chunks(
     """
     started = started or time.perf_counter()
     retrieved = retrieved or started
-    prefix_ids, suffix_ids = prompt_parts(lm, question)
-    placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
-    translate_s = 0.0
-    if mode == "native":
-        chunk_text = "\n\n".join(h.text for h in placed)
-        context_ids = lm.tokenizer(chunk_text, add_special_tokens=False)["input_ids"]
-        load_done = time.perf_counter()
-        cache = prefix_cache(lm.model, [])
-        gen = generate(lm, cache, prefix_ids + context_ids + suffix_ids, max_new_tokens, on_text)
-        context_tokens = len(context_ids)
-    else:
-        stored = [store.load_chunk(h.chunk_id) for h in placed]
-        load_done = time.perf_counter()
-        kvs = _target_kv(lm, store, stored, mode)
-        translate_s = time.perf_counter() - load_done
-        cache = prefix_cache(lm.model, prefix_ids)
-        place_chunks(lm.model, cache, kvs, RotaryTables(lm.model))
-        gen = generate(lm, cache, suffix_ids, max_new_tokens, on_text)
-        context_tokens = sum(kv.num_tokens for kv in kvs)
+    context = build_context_cache(lm, store, hits, question, mode)
+    gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text)
     end = time.perf_counter()
     decoded = max(len(gen.token_ids) - 1, 0)
     timings = {
         "retrieve_ms": (retrieved - started) * 1e3,
-        "load_ms": (load_done - retrieved) * 1e3,
-        "translate_ms": translate_s * 1e3,
-        "prefill_ms": (gen.first_token_at - load_done - translate_s) * 1e3,
+        "load_ms": (context.loaded_at - retrieved) * 1e3,
+        "translate_ms": context.translate_s * 1e3,
+        "prefill_ms": (gen.first_token_at - context.loaded_at - context.translate_s) * 1e3,
         "ttft_ms": (gen.first_token_at - started) * 1e3,
         "total_ms": (end - started) * 1e3,
         "tokens_per_s": decoded / gen.decode_s if decoded and gen.decode_s else 0.0,
     }
     sources = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in hits]
-    used = "reuse" if mode != "native" and _same_model(lm, store) else mode
-    return Answer(gen.text, sources, timings, lm.name, used, context_tokens)
+    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens)
+
+
+@dataclass
+class ContextCache:
+    """The target's cache holding the prompt up to the question, and the tokens still to prefill after it."""
+
+    cache: DynamicCache
+    pending_ids: list[int]  # the question suffix; in native mode the whole prompt, prefilled in one pass
+    context_tokens: int
+    loaded_at: float  # perf_counter time the chunks were loaded (native: tokenised)
+    translate_s: float
+    mode: str  # the mode used: "reuse" when the target is the store's source model
+
+
+def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str) -> ContextCache:
+    """Bring the chunks of `hits` into `lm`'s cache for `question`, stopping before the question is prefilled.
+
+    The chunks are placed in document order, whatever their scores, so text that belongs together reads in order.
+    Native mode leaves the cache empty and the whole prompt pending, as a target without cagkit would read it.
+    """
+    prefix_ids, suffix_ids = prompt_parts(lm, question)
+    placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
+    if mode == "native":
+        chunk_text = "\n\n".join(h.text for h in placed)
+        context_ids = lm.tokenizer(chunk_text, add_special_tokens=False)["input_ids"]
+        loaded_at = time.perf_counter()
+        cache = prefix_cache(lm.model, [])
+        return ContextCache(cache, prefix_ids + context_ids + suffix_ids, len(context_ids), loaded_at, 0.0, mode)
+    stored = [store.load_chunk(h.chunk_id) for h in placed]
+    loaded_at = time.perf_counter()
+    kvs = _target_kv(lm, store, stored, mode)
+    translate_s = time.perf_counter() - loaded_at
+    cache = prefix_cache(lm.model, prefix_ids)
+    place_chunks(lm.model, cache, kvs, RotaryTables(lm.model))
+    used = "reuse" if _same_model(lm, store) else mode
+    return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, translate_s, used)
 
 
 def _same_model(lm: LoadedModel, store: Store) -> bool:

@@ -1,0 +1,387 @@
+"""`cagkit eval`: answer every question of a data set by every method and write the results JSON.
+
+The documents go through the same ingest path users run: each distinct document is written once to a text file
+named by its content hash, next to the store, and ingested with the source model (incrementally, so a store is
+reused across runs). Each question is then answered from the chunks of its own documents only, by each method:
+
+    native     the target prefills the context text (the reference)
+    none       the target with no context
+    source     the source model answering from its own stored cache (reuse)
+    linear     the target from the stored KV translated by one ridge map per layer
+    projector  the same with one MLP projector per layer
+    mot        the same with the Mixture-of-Translators
+
+Open questions are answered greedily and scored by SQuAD exact match and token F1; closed-set questions choose
+the option whose tokens have the highest mean log-likelihood after the prompt. Time to first token is measured
+from after retrieval (retrieval is the same for every method) to the logits of the first answer token.
+
+The results file (schema in `cagkit.evaluation.report`) is rewritten atomically after every question, and a run
+with the same settings and output file resumes where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from cagkit.ask import answer_from_chunks, build_context_cache
+from cagkit.embeddings import embed
+from cagkit.errors import CagkitError
+from cagkit.evaluation.datasets import Example, detect_format, load_examples
+from cagkit.evaluation.metrics import exact_match, f1, mean, median
+from cagkit.ingest import DEFAULT_CHUNK_TOKENS, ingest
+from cagkit.models import LoadedModel, load_model
+from cagkit.store import DTYPES, Hit, Store
+
+METHODS = ("native", "none", "source", "linear", "projector", "mot")
+TRANSLATED = ("linear", "projector", "mot")
+RESULTS_DIR = Path("results")
+# Settings that may differ between a run and the file it resumes: more questions, or another copy of the store.
+_RESUMABLE_CHANGES = ("limit", "store")
+
+
+def run_eval(
+    data: str | Path,
+    source: str = "smollm2",
+    target: str = "smollm2",
+    methods: list[str] = METHODS,
+    limit: int | None = None,
+    top_k: int = 4,
+    full_context: bool = False,
+    out: str | Path | None = None,
+    data_format: str | None = None,
+    max_new_tokens: int = 24,
+    store: str | Path | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> Path:
+    """Evaluate `methods` on the questions of `data` and write the results JSON; returns its path.
+
+    Args:
+        data: a data set file in one of `cagkit.evaluation.datasets.FORMATS`.
+        source: the model that prefills the documents into the store.
+        target: the model that answers (every method but `source`).
+        methods: any of native, none, source, linear, projector, mot.
+        limit: the first `limit` questions only (all if None).
+        top_k: chunks retrieved per question, from that question's own documents.
+        full_context: give every method all chunks of the question's documents instead of retrieving.
+        out: the results JSON (default `results/<data stem>-<source>-<target>.json`); resumed if it exists.
+        data_format: the data format, detected if None.
+        max_new_tokens: the longest generated answer, in tokens.
+        store: the store to ingest into (default `results/stores/<data stem>-<source>`).
+        chunk_tokens: the most source tokens per chunk, for a new store.
+    """
+    methods = _check_methods(methods)
+    if top_k < 1:
+        raise CagkitError(f"--top-k must be at least 1, got {top_k}")
+    data_format = data_format or detect_format(data)
+    examples = load_examples(data, data_format, limit)
+    stem = Path(data).stem
+    store_path = Path(store) if store is not None else RESULTS_DIR / "stores" / f"{stem}-{_slug(source)}"
+    out = Path(out) if out is not None else RESULTS_DIR / f"{stem}-{_slug(source)}-{_slug(target)}.json"
+
+    doc_paths = write_documents(examples, _documents_dir(store_path))
+    documents = sorted({p for paths in doc_paths for p in paths})
+    _log(f"ingesting {len(documents)} documents with {source} into {store_path}")
+    ingest(documents, store=store_path, source=source, chunk_tokens=chunk_tokens, progress=True)
+    source_lm, target_lm = load_model(source), load_model(target)
+
+    with Store.open(store_path) as st:
+        settings = {"top_k": top_k, "full_context": full_context, "limit": limit, "max_new_tokens": max_new_tokens,
+                    "chunk_tokens": st.settings.chunk_tokens, "store_dtype": st.settings.dtype,
+                    "store": str(store_path)}
+        results = {
+            "dataset": str(data), "format": data_format, "source": source_lm.name, "target": target_lm.name,
+            "fingerprints": {"source": source_lm.fingerprint, "target": target_lm.fingerprint},
+            "settings": settings,
+            "command": _command(data, data_format, source, target, methods, limit, top_k, full_context,
+                                max_new_tokens, store, out),
+            "ttft": "from after retrieval to the first answer token's logits",
+            "complete": False,
+            "methods": {},
+        }
+        previous = _load_previous(out, results)
+        models = {m: source_lm if m == "source" else target_lm for m in methods}
+        stored_bytes = DTYPES[st.settings.dtype].itemsize
+        about = {m: {"model": models[m].name,
+                     "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in ("native", "none")
+                     else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
+        errors = {m: e for m in methods if (e := _translator_problem(m, models[m], st))}
+        for m, message in errors.items():
+            _log(f"{m}: skipped: {message}")
+        active = [m for m in methods if m not in errors]
+        # Methods of the earlier run that this one does not run keep their records (and are re-summarised).
+        for m, entry in previous.items():
+            if m not in methods and "examples" in entry:
+                about[m] = {k: entry[k] for k in ("model", "kv_bytes_per_token") if k in entry}
+        records = {m: list(previous.get(m, {}).get("examples", [])) for m in about if m not in errors}
+        done = {m: {r["id"] for r in records[m]} for m in active}
+
+        for number, (example, paths) in enumerate(zip(examples, doc_paths), start=1):
+            todo = [m for m in active if example.id not in done[m]]
+            if not todo:
+                continue
+            hits = example_hits(st, example.question, paths, top_k, full_context)
+            line = []
+            for m in todo:
+                record = evaluate_example(models[m], st, [] if m == "none" else hits, example, _mode(m),
+                                          max_new_tokens)
+                records[m].append(record)
+                done[m].add(example.id)
+                line.append(f"{m} {_quality_text(record)} {record['ttft_ms']:.0f} ms")
+            _log(f"[{number}/{len(examples)}] {example.id}: " + " | ".join(line))
+            results["methods"] = _summaries(records, errors, about)
+            _write_atomic(out, results)
+
+        results["methods"] = _summaries(records, errors, about)
+        results["complete"] = not errors and all({e.id for e in examples} <= done[m] for m in active)
+        _write_atomic(out, results)
+    return out
+
+
+# --- documents and retrieval
+
+
+def write_documents(examples: list[Example], folder: Path) -> list[list[str]]:
+    """Write each distinct document once to `folder/<content hash>.txt`; per example, its documents' resolved paths.
+
+    Files named by content hash make re-runs find the same files, so the incremental ingest skips them.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    per_example = []
+    for example in examples:
+        paths = []
+        for text in example.context_documents():
+            file = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.txt"
+            if not file.exists():
+                tmp = file.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, file)
+            paths.append(str(file.resolve()))
+        per_example.append(list(dict.fromkeys(paths)))
+    return per_example
+
+
+def example_hits(store: Store, question: str, doc_paths: list[str], top_k: int, full_context: bool) -> list[Hit]:
+    """The chunks one question is answered from: the `top_k` of its own documents closest to the question, best
+    first, or with `full_context` all their chunks in document order."""
+    wanted = set(doc_paths)
+    # Store.search ranks the whole store; keeping the example's documents afterwards restricts retrieval to them.
+    ranked = [h for h in store.search(embed([question])[0], store.num_chunks()) if h.doc_path in wanted]
+    if full_context:
+        order = {p: i for i, p in enumerate(doc_paths)}
+        return sorted(ranked, key=lambda h: (order[h.doc_path], h.idx))
+    return ranked[:top_k]
+
+
+# --- answering and scoring one question
+
+
+def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str,
+                     max_new_tokens: int) -> dict:
+    """One method's record for one question: its prediction, scores and timings."""
+    if example.choices is not None:
+        return _closed_set_record(lm, store, hits, example, mode)
+    answer = answer_from_chunks(lm, store, hits, example.question, mode, max_new_tokens)
+    return {
+        "id": example.id,
+        "prediction": answer.answer,
+        "f1": f1(answer.answer, example.answers),
+        "exact_match": exact_match(answer.answer, example.answers),
+        "ttft_ms": answer.timings["ttft_ms"],
+        "translate_ms": answer.timings["translate_ms"],
+        "context_tokens": answer.context_tokens,
+    }
+
+
+def _closed_set_record(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str) -> dict:
+    started = time.perf_counter()
+    context = build_context_cache(lm, store, hits, example.question, mode)
+    scores, first_token_at = score_choices(lm, context, example.choices)
+    chosen = max(range(len(scores)), key=scores.__getitem__)
+    return {
+        "id": example.id,
+        "prediction": example.choices[chosen],
+        "chosen": chosen,
+        "correct": chosen == example.answer_index,
+        "choice_scores": scores,
+        "ttft_ms": (first_token_at - started) * 1e3,
+        "translate_ms": context.translate_s * 1e3,
+        "context_tokens": context.context_tokens,
+    }
+
+
+@torch.no_grad()
+def score_choices(lm: LoadedModel, context, choices: list[str]) -> tuple[list[float], float]:
+    """Each choice's mean log-likelihood per token as the answer after the prompt, and when the first answer
+    token's logits were ready (perf_counter time).
+
+    `context` is a `cagkit.ask.ContextCache`; its pending tokens are prefilled once, then each choice is scored
+    on its own copy of the cache.
+    """
+    model = lm.model
+    last = model(input_ids=torch.tensor([context.pending_ids]), cache=context.cache, use_cache=True).logits[0, -1]
+    first_token_at = time.perf_counter()
+    # A base prompt ends "Answer:", a chat prompt with a newline: the choice follows as it would be written.
+    lead = "" if lm.tokenizer.decode(context.pending_ids[-1:])[-1:].isspace() else " "
+    scores = []
+    for choice in choices:
+        ids = lm.tokenizer(lead + choice, add_special_tokens=False)["input_ids"]
+        logits = last[None]  # [1, V]: predicts ids[0]
+        if len(ids) > 1:
+            cache = copy.deepcopy(context.cache)
+            rest = model(input_ids=torch.tensor([ids[:-1]]), cache=cache, use_cache=True).logits[0]  # [T-1, V]
+            logits = torch.cat([logits, rest])  # [T, V]: row t predicts ids[t]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        scores.append(float(logprobs[torch.arange(len(ids)), torch.tensor(ids)].mean()))
+    return scores, first_token_at
+
+
+# --- summaries
+
+
+def _summaries(records: dict[str, list[dict]], errors: dict[str, str], about: dict[str, dict]) -> dict:
+    """The `methods` entry of the results: each method's model, KV bytes per token and scores, or its error."""
+    out = {m: {**about[m], **summarize(recs, records.get("native"))} for m, recs in records.items()}
+    out.update({m: {**about[m], "error": message} for m, message in errors.items()})
+    return out
+
+
+def summarize(records: list[dict], native: list[dict] | None) -> dict:
+    """One method's scores from its per-question records; recovery is relative to `native`'s records.
+
+    Quality is F1 for open questions and 1/0 for closed-set ones; recovery compares the mean quality over the
+    questions both methods answered, and is None without native or when native's quality is 0.
+    """
+    open_ = [r for r in records if "f1" in r]
+    closed = [r for r in records if "correct" in r]
+    summary: dict = {"n": len(records)}
+    if closed:
+        summary["accuracy"] = mean(float(r["correct"]) for r in closed)
+    if open_:
+        summary["f1"] = mean(r["f1"] for r in open_)
+        summary["exact_match"] = mean(r["exact_match"] for r in open_)
+    summary["recovery"] = _recovery(records, native)
+    summary["ttft_ms_median"] = median(r["ttft_ms"] for r in records) if records else None
+    summary["translate_ms_median"] = median(r["translate_ms"] for r in records) if records else None
+    summary["context_tokens_mean"] = mean(r["context_tokens"] for r in records) if records else None
+    summary["examples"] = records
+    return summary
+
+
+def _quality(record: dict) -> float:
+    return float(record["correct"]) if "correct" in record else record["f1"]
+
+
+def _recovery(records: list[dict], native: list[dict] | None) -> float | None:
+    if not native:
+        return None
+    reference = {r["id"]: _quality(r) for r in native}
+    shared = [r for r in records if r["id"] in reference]
+    if not shared:
+        return None
+    base = mean(reference[r["id"]] for r in shared)
+    return mean(_quality(r) for r in shared) / base if base > 0 else None
+
+
+# --- settings, resume and files
+
+
+def _check_methods(methods: list[str]) -> list[str]:
+    methods = list(dict.fromkeys(m.strip() for m in methods if m.strip()))
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise CagkitError(f"unknown --methods {', '.join(unknown) or '(none given)'}; use any of {', '.join(METHODS)}")
+    return methods
+
+
+def _mode(method: str) -> str:
+    """The `answer_from_chunks` mode of a method: the source reuses its own cache through the `mot` path."""
+    if method in ("native", "none"):
+        return "native"
+    return "mot" if method == "source" else method
+
+
+def _translator_problem(method: str, lm: LoadedModel, store: Store) -> str | None:
+    """Why a translated method cannot run (its translator is missing), or None."""
+    if method not in TRANSLATED or lm.fingerprint == store.settings.source_fingerprint:
+        return None
+    try:
+        from cagkit.translators import load_translator
+
+        load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=method)
+    except (ImportError, CagkitError) as exc:
+        return str(exc)
+    return None
+
+
+def _load_previous(out: Path, results: dict) -> dict:
+    """The method entries of an earlier run to resume, or {} when there is none."""
+    if not out.exists():
+        return {}
+    try:
+        old = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CagkitError(f"{out} exists but is not a results file ({exc}); pass another --out or remove it") from None
+    mine, theirs = _identity(results), _identity(old)
+    if mine != theirs:
+        changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        raise CagkitError(
+            f"{out} holds results of a run with other settings ({', '.join(changed)} differ); "
+            f"pass another --out, or remove the file to start again"
+        )
+    _log(f"resuming {out}")
+    return old.get("methods", {})
+
+
+def _identity(results: dict) -> dict:
+    """What must match for a run to continue another's results file."""
+    settings = {k: v for k, v in (results.get("settings") or {}).items() if k not in _RESUMABLE_CHANGES}
+    keys = ("dataset", "format", "source", "target", "fingerprints")
+    return {**{k: results.get(k) for k in keys}, **settings}
+
+
+def _write_atomic(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _documents_dir(store: Path) -> Path:
+    """Where the documents' text files live: beside the store, whose entries are keyed by their paths."""
+    return store.with_name(store.name + "-documents")
+
+
+def _command(data, data_format, source, target, methods, limit, top_k, full_context, max_new_tokens, store,
+             out) -> str:
+    args = ["cagkit", "eval", "--data", str(data), "--format", data_format, "--source", source, "--target", target,
+            "--methods", ",".join(methods), "--top-k", str(top_k), "--max-new-tokens", str(max_new_tokens)]
+    if limit is not None:
+        args += ["--limit", str(limit)]
+    if full_context:
+        args.append("--full-context")
+    if store is not None:
+        args += ["--store", str(store)]
+    return shlex.join(args + ["--out", str(out)])
+
+
+def _slug(name: str) -> str:
+    """A model name as a file-name part: `org/model` or a path becomes its safe last parts."""
+    return re.sub(r"[^\w.-]+", "_", Path(name).name or name)
+
+
+def _quality_text(record: dict) -> str:
+    return ("right" if record["correct"] else "wrong") if "correct" in record else f"F1 {record['f1']:.2f}"
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

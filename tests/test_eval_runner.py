@@ -1,0 +1,182 @@
+"""`cagkit eval`'s runner on tiny random Llama models with the real SmolLM2 tokenizer: results schema, closed-set
+scoring against a hand computation, restricted retrieval, missing translators and resuming."""
+
+import json
+
+import pytest
+import torch
+
+from cagkit.errors import CagkitError
+from cagkit.evaluation import runner
+from cagkit.evaluation.datasets import Example
+from cagkit.evaluation.runner import example_hits, run_eval, summarize, write_documents
+from cagkit.generation import prompt_parts
+from cagkit.ingest import ingest
+from cagkit.models import LoadedModel
+from cagkit.store import Store
+
+SOURCE, OTHER = "tiny-llama", "tiny-gemma"  # conftest's tiny random models with the SmolLM2 tokenizer
+PARIS = "Paris is the capital of France. The Seine flows through Paris, past the Louvre and Notre-Dame."
+CHOICES = ["Paris, on the Seine", "London, in England", "Rome, in Italy"]  # several tokens: each needs its cache copy
+
+
+@pytest.fixture(scope="module")
+def models(tiny_llama, tiny_gemma):
+    return {SOURCE: tiny_llama, OTHER: tiny_gemma}
+
+
+@torch.no_grad()
+def full_text_scores(lm: LoadedModel, context: str, question: str, choices: list[str]) -> list[float]:
+    """Mean log-likelihood per token of each choice, by one plain forward pass over prompt + choice."""
+    prefix, suffix = prompt_parts(lm, question)
+    prompt = prefix + lm.tokenizer(context, add_special_tokens=False)["input_ids"] + suffix
+    lead = "" if lm.chat else " "  # a chat answer follows "assistant\n" directly, a plain one "Answer:" and a space
+    scores = []
+    for choice in choices:
+        ids = lm.tokenizer(lead + choice, add_special_tokens=False)["input_ids"]
+        logprobs = torch.log_softmax(lm.model(input_ids=torch.tensor([prompt + ids])).logits[0], dim=-1)
+        scores.append(float(sum(logprobs[len(prompt) + i - 1, t] for i, t in enumerate(ids)) / len(ids)))
+    return scores
+
+
+@pytest.fixture(scope="module")
+def data(models, tmp_path_factory):
+    """Two open questions and one closed-set one whose gold is the choice the hand computation prefers."""
+    expected = full_text_scores(models[SOURCE], PARIS, "What is the capital of France?", CHOICES)
+    records = [
+        {"id": "open-1", "question": "Where does the Seine flow?", "answers": ["through Paris"], "context": PARIS},
+        {"id": "open-2", "question": "Which river is long?", "answers": ["the Nile"],
+         "documents": ["The Nile is a long river in Africa.", "Rivers carry water to the sea."]},
+        {"id": "closed-1", "question": "What is the capital of France?", "choices": CHOICES,
+         "answer_index": expected.index(max(expected)), "answers": [CHOICES[expected.index(max(expected))]],
+         "context": PARIS},
+    ]
+    path = tmp_path_factory.mktemp("data") / "tiny.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path, expected
+
+
+@pytest.fixture(scope="module")
+def reuse_run(data, tmp_path_factory):
+    """native, none and source on the three questions with the source model as the target."""
+    work = tmp_path_factory.mktemp("reuse")
+    out = run_eval(data=data[0], source=SOURCE, target=SOURCE, methods=["native", "none", "source"],
+                   store=work / "store", out=work / "results.json", max_new_tokens=4)
+    return json.loads(out.read_text())
+
+
+def test_results_follow_the_schema_with_a_record_per_question(reuse_run, models):
+    run = reuse_run
+    assert {"dataset", "format", "source", "target", "settings", "command", "methods"} <= run.keys()
+    assert run["format"] == "jsonl" and run["complete"] is True
+    assert run["settings"]["top_k"] == 4 and run["settings"]["max_new_tokens"] == 4
+    assert run["command"].startswith("cagkit eval --data ") and "--methods native,none,source" in run["command"]
+    assert set(run["methods"]) == {"native", "none", "source"}
+    # 2 layers x 2 KV heads x head dim 16, keys and values, fp16
+    assert models[SOURCE].kv_bytes_per_token(2) == 256
+    for method, scores in run["methods"].items():
+        assert scores["n"] == 3 and [r["id"] for r in scores["examples"]] == ["open-1", "open-2", "closed-1"]
+        assert 0 <= scores["f1"] <= 1 and 0 <= scores["exact_match"] <= 1 and 0 <= scores["accuracy"] <= 1
+        assert scores["ttft_ms_median"] > 0 and scores["kv_bytes_per_token"] == 256
+        for record in scores["examples"]:
+            assert record["ttft_ms"] > 0 and record["translate_ms"] >= 0
+            assert ("correct" in record) == (record["id"] == "closed-1")
+            assert ("f1" in record and "exact_match" in record) == (record["id"] != "closed-1")
+    assert run["methods"]["native"]["recovery"] == 1.0
+    assert all(r["context_tokens"] == 0 for r in run["methods"]["none"]["examples"])
+    native = {r["id"]: r["context_tokens"] for r in run["methods"]["native"]["examples"]}
+    source = {r["id"]: r["context_tokens"] for r in run["methods"]["source"]["examples"]}
+    assert native["open-1"] > 10 and source["open-1"] > 10
+
+
+def test_closed_set_choice_matches_a_full_text_likelihood(reuse_run, data):
+    expected = data[1]
+    record = next(r for r in reuse_run["methods"]["native"]["examples"] if r["id"] == "closed-1")
+    assert record["choice_scores"] == pytest.approx(expected, abs=1e-4)
+    assert record["chosen"] == expected.index(max(expected)) and record["correct"] is True
+    assert record["prediction"] == CHOICES[record["chosen"]]
+
+
+@pytest.fixture(scope="module")
+def other_target_run(data, tmp_path_factory):
+    """native and mot with a different target (a plain-prompt Gemma 3 with sliding windows) and no translator."""
+    work = tmp_path_factory.mktemp("other")
+    out = run_eval(data=data[0], source=SOURCE, target=OTHER, methods=["native", "mot"],
+                   store=work / "store", out=work / "results.json", max_new_tokens=2)
+    return json.loads(out.read_text())
+
+
+def test_a_missing_translator_is_recorded_not_raised(other_target_run):
+    run = other_target_run
+    assert run["methods"]["native"]["n"] == 3 and run["methods"]["native"]["model"] == OTHER
+    assert "translator" in run["methods"]["mot"]["error"]
+    assert "examples" not in run["methods"]["mot"] and run["complete"] is False
+
+
+def test_closed_set_scoring_copes_with_plain_prompts_and_sliding_windows(other_target_run, models):
+    # The prompt is longer than the 16-token window, so the copied caches hold only their windows.
+    expected = full_text_scores(models[OTHER], PARIS, "What is the capital of France?", CHOICES)
+    record = next(r for r in other_target_run["methods"]["native"]["examples"] if r["id"] == "closed-1")
+    assert record["choice_scores"] == pytest.approx(expected, abs=1e-4)
+
+
+def test_resume_computes_only_what_is_missing(data, tmp_path, monkeypatch):
+    args = dict(data=data[0], source=SOURCE, target=SOURCE, methods=["native", "none"],
+                store=tmp_path / "store", out=tmp_path / "results.json", max_new_tokens=2)
+    run_eval(limit=2, **args)
+    first = json.loads((tmp_path / "results.json").read_text())
+    calls = []
+    real = runner.evaluate_example
+
+    def counted(lm, store, hits, example, mode, max_new_tokens):
+        calls.append(example.id)
+        return real(lm, store, hits, example, mode, max_new_tokens)
+
+    monkeypatch.setattr(runner, "evaluate_example", counted)
+    run_eval(limit=3, **args)
+    assert calls == ["closed-1", "closed-1"]  # one new question, two methods
+    run = json.loads((tmp_path / "results.json").read_text())
+    assert run["methods"]["native"]["examples"][:2] == first["methods"]["native"]["examples"]
+    assert run["methods"]["native"]["n"] == 3
+
+    run_eval(limit=3, **args)
+    assert len(calls) == 2
+    with pytest.raises(CagkitError, match="top_k"):
+        run_eval(limit=3, top_k=2, **args)
+
+
+def test_retrieval_keeps_to_the_question_s_own_documents(models, tmp_path):
+    long_doc = " ".join(f"Sentence {i} is about the harbour and its ships." for i in range(30))
+    examples = [Example("a", "Which ships?", ["x"], context=long_doc),
+                Example("b", "Which river?", ["x"], documents=[PARIS, long_doc]),
+                Example("c", "Where?", ["x"], context=PARIS)]
+    paths = write_documents(examples, tmp_path / "docs")
+    assert len(list((tmp_path / "docs").iterdir())) == 2 and paths[0][0] == paths[1][1] and paths[1][0] == paths[2][0]
+    ingest([tmp_path / "docs"], store=tmp_path / "store", source=SOURCE, chunk_tokens=16, progress=False)
+    with Store.open(tmp_path / "store") as store:
+        n_long = len(store.chunk_ids(paths[0][0]))
+        assert n_long > 4
+        top = example_hits(store, "Which ships?", paths[2], top_k=3, full_context=False)
+        assert top and {h.doc_path for h in top} == {paths[2][0]}
+        top = example_hits(store, "ships in the harbour", paths[0], top_k=3, full_context=False)
+        assert len(top) == 3 and [h.score for h in top] == sorted((h.score for h in top), reverse=True)
+        every = example_hits(store, "Which river?", paths[1], top_k=1, full_context=True)
+        assert [(h.doc_path, h.idx) for h in every][-n_long:] == [(paths[0][0], i) for i in range(n_long)]
+        assert every[0].doc_path == paths[1][0]
+
+
+def test_summary_scores_recovery_and_medians():
+    native = [{"id": "1", "f1": 1.0, "exact_match": 1.0, "ttft_ms": 10.0, "translate_ms": 0.0, "context_tokens": 8},
+              {"id": "2", "f1": 0.5, "exact_match": 0.0, "ttft_ms": 30.0, "translate_ms": 0.0, "context_tokens": 4}]
+    method = [{"id": "1", "f1": 0.5, "exact_match": 0.0, "ttft_ms": 5.0, "translate_ms": 2.0, "context_tokens": 8},
+              {"id": "2", "f1": 0.25, "exact_match": 0.0, "ttft_ms": 7.0, "translate_ms": 4.0, "context_tokens": 4}]
+    summary = summarize(method, native)
+    assert summary["f1"] == 0.375 and summary["exact_match"] == 0.0 and "accuracy" not in summary
+    assert summary["recovery"] == pytest.approx(0.5)
+    assert summary["ttft_ms_median"] == 6.0 and summary["translate_ms_median"] == 3.0 and summary["n"] == 2
+    closed = [{"id": "1", "correct": True, "ttft_ms": 1.0, "translate_ms": 0.0, "context_tokens": 1},
+              {"id": "2", "correct": False, "ttft_ms": 1.0, "translate_ms": 0.0, "context_tokens": 1}]
+    assert summarize(closed, closed)["accuracy"] == 0.5 and summarize(closed, closed)["recovery"] == 1.0
+    assert summarize(closed, None)["recovery"] is None
+    wrong = [dict(r, correct=False) for r in closed]
+    assert summarize(closed, wrong)["recovery"] is None  # native scored nothing: no ratio
