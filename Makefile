@@ -28,5 +28,8 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+bench: setup
+	bash benchmarks/run_eval.sh
+
 clean:
 	rm -rf $(STORE)

@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LIMIT="${LIMIT:-50}"
-DATA=/work/shared/data/eval
+DATA="${CAGKIT_DATA:-../shared/data}/eval"  # the shared public data sets, not committed here
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 
 # Reuse sanity check: source = target, so source/linear/projector/mot all read the stored cache unchanged.
