@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cagkit.documents import chunk_text, find_documents, read_document
 from cagkit.embeddings import EMBEDDER_NAME, embed
-from cagkit.errors import DocumentError, SkippedDocumentWarning
+from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
 from cagkit.kvcache import prefill_kv
 from cagkit.models import load_model
 from cagkit.rope import RotaryTables
@@ -64,35 +66,99 @@ def ingest(
     a warning and listed in the report. Each document is committed on its own, so an interrupted run keeps what
     it finished and the next run does the rest.
     """
+    files = find_documents(paths)
+    report = IngestReport()
+
+    def read_files():
+        for file in files:
+            try:
+                text = read_document(file)
+            except DocumentError as exc:
+                # stacklevel 4: this generator, _ingest_documents, ingest, then ingest's caller.
+                warnings.warn(str(exc), SkippedDocumentWarning, stacklevel=4)
+                report.failed.append((str(file), str(exc)))
+                continue
+            yield str(file.resolve()), text, None
+
+    keep = {str(f.resolve()) for f in files} if prune else None
+    return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress)
+
+
+def ingest_texts(
+    items: list[tuple[str, str] | tuple[str, str, dict | None]],
+    store: str | Path = DEFAULT_STORE,
+    source: str = DEFAULT_SOURCE,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    prune: bool = False,
+    dtype: str = "float16",
+    progress: bool = True,
+) -> IngestReport:
+    """Add in-memory documents to `store`: the same as `ingest`, for text that is not (or not only) in files.
+
+    Args:
+        items: `(doc_id, text)` or `(doc_id, text, metadata)` per document. `doc_id` names the document in the
+            store (as a file's path does) and must be stable across runs for unchanged documents to be skipped;
+            `metadata` (JSON-serialisable) is stored with it and returned with its retrieved chunks.
+        store, source, chunk_tokens, dtype, progress: as for `ingest`.
+        prune: drop documents from the store whose ids are not among `items`.
+
+    A document is skipped as unchanged when its text and metadata are both unchanged; empty text is skipped with
+    a warning and listed in the report's `failed`.
+    """
+    report = IngestReport()
+    docs: dict[str, tuple[str, str, dict | None]] = {}
+    for doc_id, text, *rest in items:
+        if doc_id in docs:
+            raise CagkitError(f"document id {doc_id} appears twice; give every document its own id")
+        try:
+            # The JSON round trip checks the metadata can be stored and makes it compare equal to what is read back.
+            metadata = json.loads(json.dumps(rest[0])) if rest and rest[0] else None
+        except (TypeError, ValueError) as exc:
+            raise CagkitError(
+                f"metadata of document {doc_id} cannot be stored ({exc}); use strings, numbers, booleans, None, "
+                f"lists and dicts as values"
+            ) from exc
+        if not text.strip():
+            reason = f"{doc_id}: no text (empty or whitespace only); add content or leave the document out"
+            warnings.warn(reason, SkippedDocumentWarning, stacklevel=2)
+            report.failed.append((doc_id, reason))
+            continue
+        docs[doc_id] = (doc_id, text, metadata)
+    keep = set(docs) | {doc_id for doc_id, _ in report.failed} if prune else None
+    return _ingest_documents(docs.values(), report, store, source, chunk_tokens, keep, dtype, progress)
+
+
+def _ingest_documents(
+    docs: Iterable[tuple[str, str, dict | None]],
+    report: IngestReport,
+    store: str | Path,
+    source: str,
+    chunk_tokens: int,
+    keep: set[str] | None,
+    dtype: str,
+    progress: bool,
+) -> IngestReport:
+    """Prefill and store each new or changed `(key, text, metadata)`; with `keep`, remove stored documents not in it."""
     if chunk_tokens < 16:
         raise ValueError(f"--chunk-tokens must be at least 16, got {chunk_tokens}")
-    files = find_documents(paths)
     lm = load_model(source)
     settings = StoreSettings(source=lm.name, source_fingerprint=lm.fingerprint, dtype=dtype,
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)
-    report = IngestReport()
     started = time.perf_counter()
     tables = RotaryTables(lm.model)
     with Store.open_for_writing(store, settings) as st:
         todo = []
-        for file in files:
-            key = str(file.resolve())
-            try:
-                text = read_document(file)
-            except DocumentError as exc:
-                warnings.warn(str(exc), SkippedDocumentWarning, stacklevel=2)
-                report.failed.append((str(file), str(exc)))
-                continue
+        for key, text, metadata in docs:
             sha = hashlib.sha256(text.encode()).hexdigest()
             old = st.document(key)
-            if old is not None and old.sha256 == sha and st.is_intact(old):
+            if old is not None and old.sha256 == sha and old.metadata == (metadata or {}) and st.is_intact(old):
                 report.unchanged.append(key)
                 continue
-            todo.append((key, text, sha, old is not None))
+            todo.append((key, text, sha, metadata, old is not None))
         bar = _progress_bar(todo, lm, progress)
-        for key, text, sha, existed in todo:
+        for key, text, sha, metadata, existed in todo:
             chunks = [_prefill_chunk(lm, tables, c) for c in chunk_text(text, lm.count_tokens, chunk_tokens)]
-            st.write_document(key, sha, chunks, embed([c.text for c in chunks]))
+            st.write_document(key, sha, chunks, embed([c.text for c in chunks]), metadata)
             (report.updated if existed else report.added).append(key)
             report.chunks += len(chunks)
             report.tokens += sum(len(c.token_ids) for c in chunks)
@@ -101,8 +167,7 @@ def ingest(
                 bar.set_postfix(tok_s=f"{report.tokens / (time.perf_counter() - started):.0f}")
         if bar is not None:
             bar.close()
-        if prune:
-            keep = {str(f.resolve()) for f in files}
+        if keep is not None:
             for doc in st.documents():
                 if doc.path not in keep:
                     st.remove_document(doc.path)
@@ -129,5 +194,5 @@ def _progress_bar(todo, lm, enabled):
         return None
     from tqdm import tqdm
 
-    total = sum(len(text) for _, text, _, _ in todo)
+    total = sum(len(text) for _, text, _, _, _ in todo)
     return tqdm(total=total, unit="char", unit_scale=True, desc=f"prefill ({lm.name})", file=sys.stderr)

@@ -3,7 +3,7 @@
 Layout of a store directory:
 
     manifest.sqlite     settings (format version, source model and fingerprint, dtype, chunking),
-                        documents (path, content hash, KV file) and chunks (text, offsets, embedding)
+                        documents (path, content hash, KV file, metadata) and chunks (text, offsets, embedding)
     kv/<hash>.safetensors   per chunk i: `{i}.keys`, `{i}.values` [L, T, H, D] RoPE-free,
                         `{i}.token_ids` [T] int32, `{i}.offsets` [T, 2] int32 (char spans in the chunk text)
 
@@ -18,7 +18,7 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
     id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL, sha256 TEXT NOT NULL, kv_file TEXT NOT NULL,
-    n_chunks INTEGER NOT NULL, n_tokens INTEGER NOT NULL, ingested_at REAL NOT NULL);
+    n_chunks INTEGER NOT NULL, n_tokens INTEGER NOT NULL, ingested_at REAL NOT NULL, metadata TEXT);
 CREATE TABLE IF NOT EXISTS chunks (
     id INTEGER PRIMARY KEY, doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
     idx INTEGER NOT NULL, text TEXT NOT NULL, char_start INTEGER NOT NULL, char_end INTEGER NOT NULL,
@@ -66,6 +66,7 @@ class Document:
     kv_file: str
     n_chunks: int
     n_tokens: int
+    metadata: dict = field(default_factory=dict)  # the caller's, e.g. a LlamaIndex Document's metadata
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Hit:
     idx: int
     text: str
     score: float
+    metadata: dict = field(default_factory=dict)  # its document's metadata
 
 
 @dataclass
@@ -161,15 +163,15 @@ class Store:
 
     def documents(self) -> list[Document]:
         rows = self._conn.execute(
-            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens FROM documents ORDER BY path"
+            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens, metadata FROM documents ORDER BY path"
         ).fetchall()
-        return [Document(*row) for row in rows]
+        return [Document(*row[:-1], _metadata(row[-1])) for row in rows]
 
     def document(self, path: str) -> Document | None:
         row = self._conn.execute(
-            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens FROM documents WHERE path = ?", (path,)
+            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens, metadata FROM documents WHERE path = ?", (path,)
         ).fetchone()
-        return Document(*row) if row else None
+        return Document(*row[:-1], _metadata(row[-1])) if row else None
 
     def num_chunks(self) -> int:
         return self._conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
@@ -182,8 +184,13 @@ class Store:
         except Exception:  # any failure to parse means the file cannot be trusted
             return False
 
-    def write_document(self, path: str, sha256: str, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
-        """Add or replace one document: its KV file first (atomic rename), then its manifest rows (one transaction)."""
+    def write_document(
+        self, path: str, sha256: str, chunks: list[NewChunk], embeddings: np.ndarray, metadata: dict | None = None
+    ) -> None:
+        """Add or replace one document: its KV file first (atomic rename), then its manifest rows (one transaction).
+
+        `metadata` (JSON-serialisable) is kept with the document and returned with every Hit of its chunks.
+        """
         dtype = DTYPES[self.settings.dtype]
         tensors: dict[str, torch.Tensor] = {}
         for i, c in enumerate(chunks):
@@ -206,8 +213,10 @@ class Store:
                 self._conn.execute("DELETE FROM chunks WHERE doc_id = ?", (old.id,))
                 self._conn.execute("DELETE FROM documents WHERE id = ?", (old.id,))
             cur = self._conn.execute(
-                "INSERT INTO documents (path, sha256, kv_file, n_chunks, n_tokens, ingested_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (path, sha256, kv_file, len(chunks), sum(len(c.token_ids) for c in chunks), time.time()),
+                "INSERT INTO documents (path, sha256, kv_file, n_chunks, n_tokens, ingested_at, metadata) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (path, sha256, kv_file, len(chunks), sum(len(c.token_ids) for c in chunks), time.time(),
+                 json.dumps(metadata) if metadata else None),
             )
             self._conn.executemany(
                 "INSERT INTO chunks (doc_id, idx, text, char_start, char_end, n_tokens, embedding) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -248,10 +257,10 @@ class Store:
         hits = []
         for i in best:
             row = self._conn.execute(
-                "SELECT d.path, c.idx, c.text FROM chunks c JOIN documents d ON d.id = c.doc_id WHERE c.id = ?",
+                "SELECT d.path, c.idx, c.text, d.metadata FROM chunks c JOIN documents d ON d.id = c.doc_id WHERE c.id = ?",
                 (int(ids[i]),),
             ).fetchone()
-            hits.append(Hit(int(ids[i]), row[0], row[1], row[2], float(scores[i])))
+            hits.append(Hit(int(ids[i]), row[0], row[1], row[2], float(scores[i]), _metadata(row[3])))
         return hits
 
     def chunk_ids(self, path: str) -> list[int]:
@@ -291,6 +300,10 @@ class Store:
         for file in (self.path / "kv").iterdir():
             if file.name not in listed:
                 file.unlink(missing_ok=True)
+
+
+def _metadata(column: str | None) -> dict:
+    return json.loads(column) if column else {}
 
 
 def _connect(manifest: Path) -> sqlite3.Connection:
