@@ -84,8 +84,10 @@ def generate(
             break
         out.append(token)
         text = lm.tokenizer.decode(out, skip_special_tokens=True)
-        if not lm.chat and "\n" in text.lstrip():
-            text = text.lstrip().split("\n")[0]
+        answer = text.lstrip()
+        if not lm.chat and "\n" in answer:
+            # Cut after the first line, keeping the leading whitespace so the text still extends what was shown.
+            text = text[: len(text) - len(answer)] + answer.split("\n")[0]
             shown = _emit(on_text, shown, text)
             break
         shown = _emit(on_text, shown, text)

@@ -1,0 +1,70 @@
+"""Decoding: what is streamed joins to the final answer; base models stop after the first line, chat models at end of turn."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cagkit.generation import generate, prompt_parts, stop_ids
+from cagkit.models import LoadedModel
+
+
+class ScriptedModel(torch.nn.Module):
+    """A causal LM whose greedy choices follow a script of token ids, to test the decoding loop exactly."""
+
+    def __init__(self, script: list[int], vocab: int, eos: int):
+        super().__init__()
+        self.script = list(script)
+        self.vocab = vocab
+        self.generation_config = SimpleNamespace(eos_token_id=eos)
+        self.calls = 0
+
+    def forward(self, input_ids, cache=None, use_cache=True):
+        token = self.script[self.calls] if self.calls < len(self.script) else self.generation_config.eos_token_id
+        self.calls += 1
+        logits = torch.zeros(1, input_ids.shape[1], self.vocab)
+        logits[0, -1, token] = 1.0
+        return SimpleNamespace(logits=logits)
+
+
+def _scripted(tokenizer, text: str, chat: bool) -> LoadedModel:
+    script = tokenizer(text, add_special_tokens=False)["input_ids"]
+    model = ScriptedModel(script, len(tokenizer), tokenizer.eos_token_id)
+    return LoadedModel(name="scripted", model=model, tokenizer=tokenizer, fingerprint="scripted", chat=chat)
+
+
+@pytest.mark.parametrize("chat, text, expected", [
+    (False, " The engineer Mara Ellison.\nQuestion: who else?", "The engineer Mara Ellison."),
+    (True, "Mara Ellison built it.\nShe was an engineer. ✓", "Mara Ellison built it.\nShe was an engineer. ✓"),
+])
+def test_streamed_pieces_join_to_the_answer(smollm2_tokenizer, chat, text, expected):
+    lm = _scripted(smollm2_tokenizer, text, chat)
+    pieces: list[str] = []
+    gen = generate(lm, cache=None, input_ids=[1, 2, 3], max_new_tokens=50, on_text=pieces.append)
+    assert gen.text == expected
+    assert "".join(pieces).strip() == expected
+    assert len(pieces) > 3  # streamed piece by piece, not in one go
+
+
+def test_end_of_turn_token_stops_a_chat_model(smollm2_tokenizer):
+    text = "Yes.<|im_end|>Ignored"
+    lm = _scripted(smollm2_tokenizer, text, chat=True)
+    assert smollm2_tokenizer.convert_tokens_to_ids("<|im_end|>") in stop_ids(lm)
+    assert generate(lm, None, [1], max_new_tokens=50).text == "Yes."
+
+
+def test_max_new_tokens_bounds_the_answer(smollm2_tokenizer):
+    lm = _scripted(smollm2_tokenizer, " one two three four five six", chat=True)
+    gen = generate(lm, None, [1], max_new_tokens=3)
+    assert len(gen.token_ids) == 3
+
+
+def test_prompt_parts_surround_the_context(tiny_llama, tiny_gemma):
+    prefix, suffix = prompt_parts(tiny_llama, "Who built it?")
+    tok = tiny_llama.tokenizer
+    assert tok.decode(prefix).startswith("<|im_start|>") and tok.decode(prefix).endswith("Context:\n")
+    assert "Question: Who built it?" in tok.decode(suffix) and tok.decode(suffix).endswith("<|im_start|>assistant\n")
+    prefix, suffix = prompt_parts(tiny_gemma, "Who built it?")
+    assert tok.decode(suffix).endswith("Question: Who built it?\nAnswer:")
