@@ -8,9 +8,9 @@
 
 from cagkit.ask import Answer, ask, retrieve
 from cagkit.errors import CagkitError
-from cagkit.ingest import IngestReport, ingest
+from cagkit.ingest import IngestReport, ingest, ingest_texts
 from cagkit.models import load_model
 from cagkit.store import Store
 
-__all__ = ["Answer", "CagkitError", "IngestReport", "Store", "ask", "ingest", "load_model", "retrieve"]
+__all__ = ["Answer", "CagkitError", "IngestReport", "Store", "ask", "ingest", "ingest_texts", "load_model", "retrieve"]
 __version__ = "0.1.0"
