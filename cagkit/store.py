@@ -14,6 +14,7 @@ complete files only; stray files from it are removed the next time the store is 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sqlite3
@@ -114,6 +115,7 @@ class Store:
         self._conn = conn
         self.settings = settings
         self._matrix: tuple[np.ndarray, np.ndarray] | None = None  # (chunk ids [N], embeddings [N, E])
+        self._lock = None  # held while open for writing, so two ingests never interleave
 
     # -- opening -------------------------------------------------------------------------------------------
 
@@ -135,6 +137,7 @@ class Store:
         """Create the store, or open it after checking it was built with the same `settings`."""
         path = Path(path)
         (path / "kv").mkdir(parents=True, exist_ok=True)
+        lock = _lock_for_writing(path)
         manifest = path / "manifest.sqlite"
         conn = _connect(manifest)
         existing = _read_settings(conn, manifest)
@@ -147,11 +150,14 @@ class Store:
         else:
             _check_compatible(path, existing, settings)
         store = cls(path, conn, existing or settings)
+        store._lock = lock
         store._remove_strays()
         return store
 
     def close(self) -> None:
         self._conn.close()
+        if self._lock is not None:
+            self._lock.close()  # releases the writer's lock
 
     def __enter__(self):
         return self
@@ -304,6 +310,17 @@ class Store:
 
 def _metadata(column: str | None) -> dict:
     return json.loads(column) if column else {}
+
+
+def _lock_for_writing(path: Path):
+    """An exclusive lock on the store; a second writer gets a clear error instead of racing the first."""
+    handle = open(path / "write.lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise StoreError(f"store {path} is being written by another cagkit ingest; wait for it to finish") from None
+    return handle
 
 
 def _connect(manifest: Path) -> sqlite3.Connection:

@@ -188,3 +188,14 @@ def test_killed_ingest_leaves_a_usable_store(tiny_llama, docs, tmp_path):
     with Store.open(store) as st:
         assert len(st.documents()) == 42
         assert all(st.is_intact(d) for d in st.documents())
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_store(tiny_llama, docs, tmp_path):
+    from cagkit.store import StoreSettings
+
+    settings = StoreSettings("tiny-llama", "tiny-llama-fp", "float16", 32, "all-MiniLM-L6-v2")
+    with Store.open_for_writing(tmp_path / "store", settings):
+        with pytest.raises(StoreError, match="being written by another cagkit ingest"):
+            Store.open_for_writing(tmp_path / "store", settings)
+    with Store.open_for_writing(tmp_path / "store", settings) as again:
+        assert again.documents() == []
