@@ -18,6 +18,7 @@ Held-out files: any `.txt` under a folder named `testing`, and files named `test
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -57,6 +58,7 @@ class TrainSettings:
     shard_size: int = 25
     batch: int = 4
     lr: float = 1e-3
+    skip_lr_scale: float = 0.1
     warmup: int = 50
     kv_weight: float = 1.0
     kl_weight: float = 1.0
@@ -195,21 +197,31 @@ def fit_statistics(net: TranslatorNet, data: dict) -> None:
 
 @torch.no_grad()
 def fit_ridge(net: TranslatorNet, data: dict, ridge: float) -> dict:
-    """Closed-form ridge regression for a `linear` translator: per layer, normalised features -> normalised K|V.
+    """Closed-form ridge regression per layer from normalised source-window features to normalised K|V.
 
-    Returns the training mean squared error per layer (normalised units).
+    A `linear` translator takes the solution as is; `mot` and `projector` take its best rank-`skip_rank`
+    factorisation (truncated SVD) as their linear skip. Returns the training MSE of the map as set, per layer
+    and averaged (normalised units).
     """
-    src = data["source"].float()
     target = net.normalise_target(data["target_kv"][:, :, net.cfg.native_layers:].float())  # [B, P, Lx, 2Ft]
-    target = target.reshape(-1, *target.shape[2:])
+    target = target.reshape(-1, *target.shape[2:])  # [N, Lx, 2Ft]
     errors = []
-    for i, (layer, x) in enumerate(zip(net.layers, net.layer_inputs(src, None))):
+    for i, (layer, x) in enumerate(zip(net.layers, net.source_inputs(data["source"].float()))):
         x1 = torch.cat([x, torch.ones(len(x), 1)], dim=1).double()  # [N, F + 1]
         gram = x1.T @ x1 + ridge * torch.eye(x1.shape[1], dtype=torch.double)
         gram[-1, -1] -= ridge  # the bias is not shrunk
         w = torch.linalg.solve(gram, x1.T @ target[:, i].double())  # [F + 1, 2Ft]
-        layer.head.weight.copy_(w[:-1].T.float())
-        layer.head.bias.copy_(w[-1].float())
+        if net.cfg.kind == "linear":
+            layer.head.weight.copy_(w[:-1].T.float())
+            layer.head.bias.copy_(w[-1].float())
+        else:
+            u, s, vh = torch.linalg.svd(w[:-1], full_matrices=False)  # [F, r'], [r'], [r', 2Ft]
+            r = net.cfg.skip_rank
+            root = s[:r].sqrt()
+            layer.skip[0].weight.copy_((u[:, :r] * root).T.float())  # [r, F]
+            layer.skip[1].weight.copy_((vh[:r].T * root).float())  # [2Ft, r]
+            layer.skip[1].bias.copy_(w[-1].float())
+            w = torch.cat([u[:, :r] @ torch.diag(s[:r]) @ vh[:r], w[-1:]])
         errors.append(float(((x1 @ w).float() - target[:, i]).pow(2).mean()))
     return {"kv_mse_per_layer": errors, "kv": sum(errors) / len(errors)}
 
@@ -282,6 +294,12 @@ def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings:
     return {"loss": loss, "kv": kv_loss, "kl": kl, "hidden": hidden, "balance": balance}
 
 
+def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
+    """A short hash of what a training state depends on, so a resume never loads an incompatible state."""
+    shaping = {k: v for k, v in asdict(settings).items() if k not in ("steps", "threads", "checkpoint_every", "heldout_examples")}
+    return hashlib.sha256(json.dumps([asdict(cfg), shaping], sort_keys=True).encode()).hexdigest()[:10]
+
+
 def _save_atomic(obj, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
@@ -301,7 +319,11 @@ def train_loop(net: TranslatorNet, target: LoadedModel, data: dict, settings: Tr
     for p in target.model.parameters():
         p.requires_grad_(False)
     params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.01)
+    # the ridge-initialised skip is already good: it moves ten times slower than the rest
+    skip = [p for name, p in net.named_parameters() if ".skip." in name]
+    rest = [p for name, p in net.named_parameters() if ".skip." not in name]
+    opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": skip, "scale": settings.skip_lr_scale}],
+                            lr=settings.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(settings.seed)
     state = {"step": 0, "wall_s": 0.0, "history": []}
     if state_path.exists():
@@ -318,7 +340,7 @@ def train_loop(net: TranslatorNet, target: LoadedModel, data: dict, settings: Tr
         started = time.time()
         step = state["step"]
         for group in opt.param_groups:
-            group["lr"] = _lr_at(step, settings)
+            group["lr"] = _lr_at(step, settings) * group["scale"]
         pick = torch.randint(len(data["ids"]), (settings.batch,), generator=gen)
         parts = batch_losses(net, target, {key: value[pick] for key, value in data.items()}, settings, tables)
         loss = parts["loss"]
@@ -434,7 +456,10 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
         final = fit_ridge(net, data, settings.ridge)
         train_s, steps_done = time.time() - fit_started, 0
     else:
-        state = train_loop(net, tgt, data, settings, work_dir / f"{kind}.state.pt", log)
+        ridge_fit = fit_ridge(net, data, settings.ridge)
+        log(f"linear skip initialised from ridge: training kv mse {ridge_fit['kv']:.4f}")
+        state_path = work_dir / f"{kind}-{_config_key(cfg, settings)}.state.pt"
+        state = train_loop(net, tgt, data, settings, state_path, log)
         final, train_s, steps_done = state["history"][-1], state["wall_s"], state["step"]
     translator = Translator(net, src.fingerprint, tgt.fingerprint, {})
     log("evaluating on held-out text ...")

@@ -6,7 +6,8 @@ values. Three kinds share one file format and one `translate` path:
 - `mot` (default): Mixture-of-Translators. Per target layer a small MLP trunk reads the source K/V of a window
   of source layers matched by depth plus the target's own token identity (input embeddings of the aligned
   target token and the one before it), and a token-level router sends each token to its top-k of several
-  expert MLPs; a shared linear head carries what every token needs.
+  expert MLPs. A low-rank linear skip from the source window carries what every token needs; it starts as the
+  (rank-truncated) ridge solution and the experts start at zero, so training begins at the `linear` baseline.
 - `projector`: the same trunk with one expert MLP and no router (baseline).
 - `linear`: one ridge-regression map per target layer from the source window alone (baseline, closed form).
 
@@ -57,6 +58,7 @@ class TranslatorConfig:
     num_experts: int = 4
     top_k: int = 2
     token_dim: int = 128  # projected token-identity features
+    skip_rank: int = 96  # rank of the linear skip from the source window (mot, projector)
     align_mode: str = "cover"
 
     @property
@@ -80,6 +82,9 @@ class TranslatorConfig:
             raise TranslatorError(f"unknown translator kind '{kind}'; use one of {', '.join(KINDS)}")
         s_cfg, t_cfg = _text_config(source), _text_config(target)
         sizes["window"] = min(sizes.get("window", cls.window), s_cfg.num_hidden_layers)
+        source_dim = sizes["window"] * 2 * s_cfg.num_key_value_heads * _head_dim(s_cfg)
+        target_dim = 2 * t_cfg.num_key_value_heads * _head_dim(t_cfg)
+        sizes["skip_rank"] = min(sizes.get("skip_rank", cls.skip_rank), source_dim, target_dim)
         if kind == "projector":
             sizes = {"num_experts": 1, "top_k": 1, "expert_hidden": 2 * cls.expert_hidden, **sizes}
         return cls(
@@ -106,31 +111,35 @@ def _head_dim(cfg) -> int:
 class LayerTranslator(nn.Module):
     """One target layer: features [N, F_in] -> normalised target K and V [N, 2 * Ht * Dt], plus a balance loss.
 
-    `linear` is a single affine map; `mot` and `projector` run a trunk, a shared linear head and the
-    router-weighted sum of the top-k expert MLPs (`projector` has one expert, always chosen).
+    The first `source_dim` features are the source window, the rest token identity. `linear` is one affine map
+    of the source window; `mot` and `projector` add to a low-rank linear skip of it the router-weighted sum of
+    the top-k expert MLPs over a trunk that also sees the tokens (`projector`: one expert, always chosen).
     """
 
-    def __init__(self, cfg: TranslatorConfig, in_dim: int):
+    def __init__(self, cfg: TranslatorConfig, source_dim: int, in_dim: int):
         super().__init__()
         out_dim = 2 * cfg.target_kv_dim
-        self.kind, self.top_k = cfg.kind, cfg.top_k
+        self.kind, self.top_k, self.source_dim = cfg.kind, cfg.top_k, source_dim
         if cfg.kind == "linear":
-            self.head = nn.Linear(in_dim, out_dim)
+            self.head = nn.Linear(source_dim, out_dim)
             return
+        self.skip = nn.Sequential(nn.Linear(source_dim, cfg.skip_rank, bias=False), nn.Linear(cfg.skip_rank, out_dim))
         self.trunk = nn.Sequential(nn.Linear(in_dim, cfg.width), nn.LayerNorm(cfg.width), nn.GELU())
-        self.head = nn.Linear(cfg.width, out_dim)
         self.router = nn.Linear(cfg.width, cfg.num_experts) if cfg.num_experts > 1 else None
         self.experts = nn.ModuleList(
             nn.Sequential(nn.Linear(cfg.width, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, out_dim))
             for _ in range(cfg.num_experts)
         )
+        for expert in self.experts:  # experts start silent: the translator starts as its skip
+            nn.init.zeros_(expert[-1].weight)
+            nn.init.zeros_(expert[-1].bias)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # x: [N, F_in] -> y: [N, 2 * Ht * Dt]
         if self.kind == "linear":
             return self.head(x), x.new_zeros(())
         h = self.trunk(x)  # [N, width]
-        y = self.head(h)
+        y = self.skip(x[:, : self.source_dim])
         if self.router is None:
             return y + self.experts[0](h), x.new_zeros(())
         probs = torch.softmax(self.router(h), dim=-1)  # [N, E]
@@ -164,19 +173,23 @@ class TranslatorNet(nn.Module):
         self.register_buffer("windows", torch.tensor([cfg.source_window(t) for t in layers], dtype=torch.long))
         uses_tokens = cfg.kind != "linear"
         self.token_proj = nn.Linear(2 * cfg.target_embed_dim, cfg.token_dim) if uses_tokens else None
-        in_dim = cfg.window * 2 * cfg.source_kv_dim + (cfg.token_dim if uses_tokens else 0)
-        self.layers = nn.ModuleList(LayerTranslator(cfg, in_dim) for _ in layers)
+        source_dim = cfg.window * 2 * cfg.source_kv_dim
+        in_dim = source_dim + (cfg.token_dim if uses_tokens else 0)
+        self.layers = nn.ModuleList(LayerTranslator(cfg, source_dim, in_dim) for _ in layers)
 
-    def layer_inputs(self, source: torch.Tensor, tokens: torch.Tensor | None) -> list[torch.Tensor]:
-        """Per translated layer, its input features [N, F_in] (N = B * T)."""
+    def source_inputs(self, source: torch.Tensor) -> list[torch.Tensor]:
+        """Per translated layer, its normalised source-window features [N, window * 2Fs] (N = B * T)."""
         z = (source - self.source_mean) / self.source_std  # [B, T, Ls, 2Fs]
         z = z.reshape(-1, *z.shape[2:])  # [N, Ls, 2Fs]
-        tok = self.token_proj(tokens.reshape(z.shape[0], -1)) if self.token_proj is not None else None  # [N, td]
-        inputs = []
-        for window in self.windows:
-            x = z[:, window].reshape(z.shape[0], -1)  # [N, window * 2Fs]
-            inputs.append(x if tok is None else torch.cat([x, tok], dim=-1))
-        return inputs
+        return [z[:, window].reshape(z.shape[0], -1) for window in self.windows]
+
+    def layer_inputs(self, source: torch.Tensor, tokens: torch.Tensor | None) -> list[torch.Tensor]:
+        """Per translated layer, its input features [N, F_in]: the source window, then token identity."""
+        inputs = self.source_inputs(source)
+        if self.token_proj is None:
+            return inputs
+        tok = self.token_proj(tokens.reshape(inputs[0].shape[0], -1))  # [N, token_dim]
+        return [torch.cat([x, tok], dim=-1) for x in inputs]
 
     def forward(self, source: torch.Tensor, tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, steps = source.shape[:2]

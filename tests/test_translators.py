@@ -108,13 +108,15 @@ def test_router_output_is_the_gated_sum_of_its_top_k_experts():
     torch.manual_seed(0)
     cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=8, target_layers=3, target_heads=1,
                            target_head_dim=4, target_embed_dim=8, num_experts=4, top_k=2, **SIZES)
-    layer = LayerTranslator(cfg, in_dim=20)
+    layer = LayerTranslator(cfg, source_dim=12, in_dim=20)
+    for expert in layer.experts:  # wake the experts, which start silent
+        torch.nn.init.normal_(expert[-1].weight)
     x = torch.randn(50, 20)
     y, balance = layer(x)
     h = layer.trunk(x)
     probs = torch.softmax(layer.router(h), dim=-1)
     top_p, top_i = probs.topk(2, dim=-1)
-    expected = layer.head(h)
+    expected = layer.skip(x[:, :12])
     for n in range(len(x)):
         for p, e in zip(top_p[n] / top_p[n].sum(), top_i[n]):
             expected[n] += p * layer.experts[int(e)](h[n])
@@ -144,6 +146,25 @@ def test_ridge_recovers_a_known_linear_map():
         assert torch.allclose(layer.head.weight, w, atol=1e-4)
         assert torch.allclose(layer.head.bias, b, atol=1e-4)
     assert errors["kv"] < 1e-8
+
+
+def test_mot_starts_as_the_rank_truncated_ridge_map():
+    """A mot translator's skip is fitted by ridge and its experts start silent: a rank-r map is recovered."""
+    torch.manual_seed(0)
+    cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=6, target_layers=3, target_heads=2,
+                           target_head_dim=3, target_embed_dim=8, window=2, skip_rank=3, **SIZES)
+    net = TranslatorNet(cfg)
+    source = torch.randn(20, 16, 4, 12)  # [B, P, Ls, 2Fs]
+    tokens = torch.randn(20, 16, 16)  # [B, P, 2E]
+    target_kv = torch.zeros(20, 16, 3, 12)
+    for i, window in enumerate(net.windows):
+        low_rank = torch.randn(12, 3) @ torch.randn(3, 24)  # rank 3
+        target_kv[:, :, 1 + i] = source[:, :, window].flatten(2) @ low_rank.T + torch.randn(12)
+    errors = fit_ridge(net, {"source": source, "target_kv": target_kv}, ridge=1e-6)
+    assert errors["kv"] < 1e-8
+    with torch.no_grad():
+        pred, _ = net(source, tokens)
+    assert torch.allclose(pred, target_kv[:, :, 1:], atol=1e-3)
 
 
 def test_training_reduces_the_loss(pair, corpus, tmp_path):
