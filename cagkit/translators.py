@@ -8,6 +8,7 @@ values. Three kinds share one file format and one `translate` path:
   target token and the one before it), and a token-level router sends each token to its top-k of several
   expert MLPs. A low-rank linear skip from the source window carries what every token needs; it starts as the
   (rank-truncated) ridge solution and the experts start at zero, so training begins at the `linear` baseline.
+  The trunk reads the skip's compressed source window (its first factor) next to the token identity.
 - `projector`: the same trunk with one expert MLP and no router (baseline).
 - `linear`: one ridge-regression map per target layer from the source window alone (baseline, closed form).
 
@@ -54,11 +55,11 @@ class TranslatorConfig:
     native_layers: int = 1  # bottom target layers computed exactly from token embeddings (0 or 1)
     window: int = 3  # source layers per target layer, centred on the depth-matched one
     width: int = 160  # trunk width
-    expert_hidden: int = 128
+    expert_hidden: int = 96
     num_experts: int = 4
     top_k: int = 2
     token_dim: int = 128  # projected token-identity features
-    skip_rank: int = 96  # rank of the linear skip from the source window (mot, projector)
+    skip_rank: int = 256  # rank of the linear skip from the source window (mot, projector)
     align_mode: str = "cover"
 
     @property
@@ -112,8 +113,9 @@ class LayerTranslator(nn.Module):
     """One target layer: features [N, F_in] -> normalised target K and V [N, 2 * Ht * Dt], plus a balance loss.
 
     The first `source_dim` features are the source window, the rest token identity. `linear` is one affine map
-    of the source window; `mot` and `projector` add to a low-rank linear skip of it the router-weighted sum of
-    the top-k expert MLPs over a trunk that also sees the tokens (`projector`: one expert, always chosen).
+    of the source window. `mot` and `projector` compress the window to rank r (`skip[0]`), map that linearly to
+    the output (`skip[1]`), and add the router-weighted sum of the top-k expert MLPs over a trunk that reads
+    the compressed window and the tokens (`projector`: one expert, always chosen).
     """
 
     def __init__(self, cfg: TranslatorConfig, source_dim: int, in_dim: int):
@@ -124,7 +126,8 @@ class LayerTranslator(nn.Module):
             self.head = nn.Linear(source_dim, out_dim)
             return
         self.skip = nn.Sequential(nn.Linear(source_dim, cfg.skip_rank, bias=False), nn.Linear(cfg.skip_rank, out_dim))
-        self.trunk = nn.Sequential(nn.Linear(in_dim, cfg.width), nn.LayerNorm(cfg.width), nn.GELU())
+        trunk_in = cfg.skip_rank + in_dim - source_dim
+        self.trunk = nn.Sequential(nn.Linear(trunk_in, cfg.width), nn.LayerNorm(cfg.width), nn.GELU())
         self.router = nn.Linear(cfg.width, cfg.num_experts) if cfg.num_experts > 1 else None
         self.experts = nn.ModuleList(
             nn.Sequential(nn.Linear(cfg.width, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, out_dim))
@@ -138,8 +141,9 @@ class LayerTranslator(nn.Module):
         # x: [N, F_in] -> y: [N, 2 * Ht * Dt]
         if self.kind == "linear":
             return self.head(x), x.new_zeros(())
-        h = self.trunk(x)  # [N, width]
-        y = self.skip(x[:, : self.source_dim])
+        compressed = self.skip[0](x[:, : self.source_dim])  # [N, r]
+        y = self.skip[1](compressed)  # [N, 2 * Ht * Dt]
+        h = self.trunk(torch.cat([compressed, x[:, self.source_dim:]], dim=-1))  # [N, width]
         if self.router is None:
             return y + self.experts[0](h), x.new_zeros(())
         probs = torch.softmax(self.router(h), dim=-1)  # [N, E]
