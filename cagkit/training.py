@@ -296,7 +296,8 @@ def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings:
 
 def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     """A short hash of what a training state depends on, so a resume never loads an incompatible state."""
-    shaping = {k: v for k, v in asdict(settings).items() if k not in ("steps", "threads", "checkpoint_every", "heldout_examples")}
+    ignored = ("steps", "threads", "checkpoint_every", "heldout_examples")
+    shaping = {k: v for k, v in asdict(settings).items() if k not in ignored}
     return hashlib.sha256(json.dumps([asdict(cfg), shaping], sort_keys=True).encode()).hexdigest()[:10]
 
 
