@@ -364,27 +364,29 @@ def train_loop(net: TranslatorNet, target: LoadedModel, data: dict, settings: Tr
     return state
 
 
-def _nll(target: LoadedModel, cache: DynamicCache, continuation: list[int]) -> float:
-    """Mean NLL of continuation[1:] given the cache and continuation[:-1]."""
+def _continuation_logp(target: LoadedModel, cache: DynamicCache, continuation: list[int]) -> torch.Tensor:
+    """Log-probabilities [C - 1, V] of the target's next-token predictions over continuation[:-1] after `cache`."""
     ids = torch.tensor([continuation])
     out = target.model.get_decoder()(input_ids=ids[:, :-1], cache=cache, use_cache=True)
-    logp = torch.log_softmax(_logits(target, out.last_hidden_state[0]).float(), dim=-1)
-    return float(-logp.gather(1, ids[0, 1:, None]).mean())
+    return torch.log_softmax(_logits(target, out.last_hidden_state[0]).float(), dim=-1)
 
 
 @torch.no_grad()
 def evaluate_translator(translator: Translator, source: LoadedModel, target: LoadedModel, corpus: Path,
                         settings: TrainSettings, native_bottom: tuple[int, ...] = ()) -> dict:
-    """Held-out continuation NLL with no context, native context and translated context (through the public
-    `translate` path), and recovery = (none - translated) / (none - native). `native_bottom` also scores
-    hybrids whose bottom k layers come from a native prefill (the injection-depth trade-off), with timings."""
+    """Held-out continuation scores with no context, native context and translated context (through the public
+    `translate` path): NLL of the true tokens, recovery = (none - translated) / (none - native), and the fidelity
+    to native, KL(native || context) over the full vocabulary (NLL alone can beat native by sharpening, KL
+    cannot). `native_bottom` also scores hybrids whose bottom k layers come from a native prefill (the
+    injection-depth trade-off), with timings per chunk."""
     P, C = settings.prefix_tokens, settings.continuation_tokens
     windows = sample_windows(corpus_files(corpus, heldout=True), settings.heldout_examples, settings.seed + 7,
                              target, P + C)
     sink = sink_ids(target)
     tables = RotaryTables(target.model)
     sums: dict[str, float] = {}
-    timing = {"translate_s": 0.0, "target_prefill_s": 0.0}
+    kl_sums: dict[str, float] = {}
+    timing = {"translate": 0.0, "target_prefill_decoder": 0.0}
     for window in windows:
         enc = target.tokenizer(window, add_special_tokens=False, return_offsets_mapping=True)
         prefix_text = window[: enc["offset_mapping"][P - 1][1]]
@@ -393,25 +395,32 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         started = time.time()
         translated, ids = translator.translate(source_kv, src["input_ids"], torch.tensor(src["offset_mapping"]),
                                                prefix_text, target)
-        timing["translate_s"] += time.time() - started
+        timing["translate"] += time.time() - started
         continuation = enc["input_ids"][P: P + C]
         started = time.time()  # what a native prefill of the chunk costs: the decoder body, no LM head
         target.model.get_decoder()(input_ids=torch.tensor([sink + ids]), cache=DynamicCache(), use_cache=True)
-        timing["target_prefill_s"] += time.time() - started
+        timing["target_prefill_decoder"] += time.time() - started
         native = prefill_kv(target.model, sink + ids, tables)
         native = ChunkKV(native.keys[:, len(sink):], native.values[:, len(sink):])
         contexts = {"none": [], "native": [native], "translated": [translated]}
         for k in native_bottom:
             contexts[f"native_bottom_{k}"] = [ChunkKV(torch.cat([native.keys[:k], translated.keys[k:]]),
                                                       torch.cat([native.values[:k], translated.values[k:]]))]
+        logps = {}
         for name, chunks in contexts.items():
             cache = DynamicCache(config=target.model.config)
             if sink:
                 target.model.get_decoder()(input_ids=torch.tensor([sink]), cache=cache, use_cache=True)
             place_chunks(target.model, cache, chunks, tables)
-            sums[name] = sums.get(name, 0.0) + _nll(target, cache, continuation)
+            logps[name] = _continuation_logp(target, cache, continuation)  # [C - 1, V]
+        truth = torch.tensor(continuation[1:])[:, None]
+        for name, logp in logps.items():
+            sums[name] = sums.get(name, 0.0) + float(-logp.gather(1, truth).mean())
+            kl = (logps["native"].exp() * (logps["native"] - logp)).sum(-1).mean()
+            kl_sums[name] = kl_sums.get(name, 0.0) + float(kl)
     n = len(windows)
     nll = {name: total / n for name, total in sums.items()}
+    kl = {name: total / n for name, total in kl_sums.items()}
     gain = nll["none"] - nll["native"]
     result = {
         "heldout_files": [str(p) for p in corpus_files(corpus, heldout=True)],
@@ -420,10 +429,11 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         "continuation_tokens": C,
         "nll": nll,
         "recovery": {name: (nll["none"] - value) / gain for name, value in nll.items() if name != "none"},
+        "kl_to_native": kl,
+        "kl_recovery": {name: 1 - value / kl["none"] for name, value in kl.items() if name != "none"},
         "ms_per_chunk": {key: 1000 * value / n for key, value in timing.items()},
     }
     return result
-
 
 
 def train_translator(source: str, target: str, corpus: Path, steps: int | None = None, out: Path | None = None,
@@ -466,7 +476,8 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     translator = Translator(net, src.fingerprint, tgt.fingerprint, {})
     log("evaluating on held-out text ...")
     heldout = evaluate_translator(translator, src, tgt, corpus, settings, native_bottom=(2, tgt.num_layers // 2))
-    log(f"held-out NLL {json.dumps(heldout['nll'])} recovery {json.dumps(heldout['recovery'])}")
+    log(f"held-out NLL {json.dumps(heldout['nll'])} recovery {json.dumps(heldout['recovery'])} "
+        f"KL to native {json.dumps(heldout['kl_to_native'])}")
     card = {
         "kind": kind,
         "source": {"name": source, "fingerprint": src.fingerprint},
@@ -480,8 +491,8 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
         "injection_depth": {
             "default": f"layer 0 exact from token embeddings, layers 1..{tgt.num_layers - 1} translated"
             if cfg.native_layers else "all layers translated",
-            "native_bottom_k": "heldout.nll['native_bottom_<k>']: bottom k layers from a native target prefill "
-                               "(costs about k/L of heldout.ms_per_chunk.target_prefill_s)",
+            "native_bottom_k": "heldout['native_bottom_<k>'] scores: bottom k layers from a native target "
+                               "prefill (costs about k/L of heldout.ms_per_chunk.target_prefill_decoder)",
         },
         "sink": "target BOS (or end-of-text when the model has no BOS) before the translated chunk",
         "config": asdict(cfg),

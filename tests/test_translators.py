@@ -189,6 +189,7 @@ def test_training_reduces_the_loss(pair, corpus, tmp_path):
     card = trained.card
     assert card["steps"] == 40 and card["target"]["fingerprint"] == "tgt-fp"
     assert set(card["heldout"]["nll"]) >= {"none", "native", "translated"}
+    assert card["heldout"]["kl_to_native"]["native"] == pytest.approx(0.0, abs=1e-4)
 
 
 def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
