@@ -347,7 +347,7 @@ def card_path(checkpoint: Path) -> Path:
 
 def train_command(source: str, target: str, kind: str = "mot") -> str:
     kind_flag = "" if kind == "mot" else f" --kind {kind}"
-    return f"cagkit translators train --source {source} --target {target} --corpus /work/shared/data/corpus{kind_flag}"
+    return f"cagkit translators train --source {source} --target {target} --corpus ../shared/data/corpus{kind_flag}"
 
 
 def read_translator(path: Path) -> Translator:
