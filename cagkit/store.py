@@ -357,10 +357,10 @@ def _check_compatible(path: Path, have: StoreSettings, want: StoreSettings) -> N
             f"store {path} was built with source model '{have.source}' (fingerprint {have.source_fingerprint}), "
             f"not '{want.source}' ({want.source_fingerprint}); use `--source {have.source}` or another --store"
         )
-    for field in ("dtype", "chunk_tokens", "embedder"):
-        if getattr(have, field) != getattr(want, field):
+    for name in ("dtype", "chunk_tokens", "embedder"):
+        if getattr(have, name) != getattr(want, name):
             raise StoreError(
-                f"store {path} was built with {field}={getattr(have, field)}, not {getattr(want, field)}; "
+                f"store {path} was built with {name}={getattr(have, name)}, not {getattr(want, name)}; "
                 f"use the same setting or another --store"
             )
 

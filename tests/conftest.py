@@ -9,11 +9,24 @@ from cagkit.models import LoadedModel, convert, register_loaded
 
 
 @pytest.fixture(scope="session")
+def real_tokenizers() -> dict:
+    """The real tokenizers of the three shipped models (converting each model once if this machine has not yet)."""
+    from transformers import AutoTokenizer
+
+    return {alias: AutoTokenizer.from_pretrained(convert(alias)) for alias in ("smollm2", "gemma", "qwen")}
+
+
+@pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    """The real SmolLM2 tokenizer (converting the model once if this machine has not yet)."""
+    """The real SmolLM2 tokenizer; only this model is converted, so tests that need no other stay quick."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(convert("smollm2"))
+
+
+@pytest.fixture(scope="session")
+def gemma_tokenizer(real_tokenizers):
+    return real_tokenizers["gemma"]
 
 
 def make_tiny_llama(tokenizer, seed: int = 0, layers: int = 2, kv_heads: int = 2):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cagkit.ask import ask, retrieve
-from cagkit.errors import CagkitError, DocumentError, StoreError
+from cagkit.errors import CagkitError, StoreError
 from cagkit.ingest import ingest
 from cagkit.kvcache import prefill_kv
 from cagkit.models import LoadedModel, register_loaded

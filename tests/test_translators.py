@@ -13,9 +13,9 @@ import torch
 from conftest import make_tiny_gemma3, make_tiny_llama
 
 from cagkit.alignment import align
-from cagkit.errors import ModelError, TranslatorError
+from cagkit.errors import TranslatorError
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
-from cagkit.models import LoadedModel, convert, register_loaded
+from cagkit.models import LoadedModel, register_loaded
 from cagkit.rope import RotaryTables
 from cagkit.training import (
     TrainSettings,
@@ -38,16 +38,6 @@ from cagkit.translators import (
 
 SIZES = {"width": 32, "expert_hidden": 16, "token_dim": 16}
 TEXT = "The lighthouse keeper counted 1,204 ships — naïvely — before the storm of '89 reached Ålesund."
-
-
-@pytest.fixture(scope="module")
-def gemma_tokenizer():
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(convert("gemma"))
-    except ModelError as exc:
-        pytest.skip(f"the Gemma tokenizer is unavailable: {exc}")
 
 
 @pytest.fixture(scope="module")
