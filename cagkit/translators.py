@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -368,6 +369,12 @@ def read_translator(path: Path) -> Translator:
     return Translator(net, meta["source_fingerprint"], meta["target_fingerprint"], card)
 
 
+@lru_cache(maxsize=8)
+def _read_cached(path: str, mtime_ns: int) -> Translator:
+    """`read_translator`, once per file version: every question would otherwise re-read the checkpoint."""
+    return read_translator(Path(path))
+
+
 def load_translator(source_name: str, source_fingerprint: str, target, kind: str = "mot") -> Translator:
     """The `kind` translator from `source_name` to the loaded `target`, checked against both fingerprints."""
     path = translator_path(source_name, target.name, kind)
@@ -376,7 +383,7 @@ def load_translator(source_name: str, source_fingerprint: str, target, kind: str
             f"no {kind} translator from '{source_name}' to '{target.name}': {path} does not exist; train one with "
             f"`{train_command(source_name, target.name, kind)}`"
         )
-    translator = read_translator(path)
+    translator = _read_cached(str(path), path.stat().st_mtime_ns)
     for role, expected, actual, name in (
         ("source", translator.source_fingerprint, source_fingerprint, source_name),
         ("target", translator.target_fingerprint, target.fingerprint, target.name),
