@@ -20,35 +20,27 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 cagkit eval --data "$DATA/squad_v2/dev-v2.0.part-a.json" --source smollm2 --target smollm2 \
   --methods native,none,source --limit "$LIMIT" --out results/squad_v2-smollm2-smollm2.json
 
+# Every method, smollm2's stored cache answered by gemma and by qwen: both_targets NAME FILE [extra flags].
+both_targets() {
+  local name=$1 file=$2
+  shift 2
+  for target in gemma qwen; do
+    cagkit eval --data "$DATA/$file" --source smollm2 --target "$target" \
+      --limit "$LIMIT" "$@" --out "results/$name-smollm2-$target.json"
+  done
+}
+
 # Open questions (F1 / exact match): SQuAD v2 (whole Wikipedia articles, retrieval) and HotpotQA (10 paragraphs).
-cagkit eval --data "$DATA/squad_v2/dev-v2.0.part-a.json" --source smollm2 --target gemma \
-  --limit "$LIMIT" --out results/squad_v2-smollm2-gemma.json
-cagkit eval --data "$DATA/squad_v2/dev-v2.0.part-a.json" --source smollm2 --target qwen \
-  --limit "$LIMIT" --out results/squad_v2-smollm2-qwen.json
-cagkit eval --data "$DATA/hotpotqa/dev_subsampled.part-a.jsonl" --source smollm2 --target gemma \
-  --limit "$LIMIT" --out results/hotpotqa-smollm2-gemma.json
-cagkit eval --data "$DATA/hotpotqa/dev_subsampled.part-a.jsonl" --source smollm2 --target qwen \
-  --limit "$LIMIT" --out results/hotpotqa-smollm2-qwen.json
+both_targets squad_v2 squad_v2/dev-v2.0.part-a.json
+both_targets hotpotqa hotpotqa/dev_subsampled.part-a.jsonl
 
 # Long documents: L-Eval scientific QA (free-form, longer answers) and QuALITY / TOEFL (closed-set, 4 options).
-cagkit eval --data "$DATA/leval/scientific_qa.part-a.jsonl" --source smollm2 --target gemma \
-  --limit "$LIMIT" --max-new-tokens 64 --out results/leval_scientific_qa-smollm2-gemma.json
-cagkit eval --data "$DATA/leval/scientific_qa.part-a.jsonl" --source smollm2 --target qwen \
-  --limit "$LIMIT" --max-new-tokens 64 --out results/leval_scientific_qa-smollm2-qwen.json
-cagkit eval --data "$DATA/leval/quality.part-a.jsonl" --source smollm2 --target gemma \
-  --limit "$LIMIT" --out results/leval_quality-smollm2-gemma.json
-cagkit eval --data "$DATA/leval/quality.part-a.jsonl" --source smollm2 --target qwen \
-  --limit "$LIMIT" --out results/leval_quality-smollm2-qwen.json
-cagkit eval --data "$DATA/leval/tpo.part-a.jsonl" --source smollm2 --target gemma \
-  --limit "$LIMIT" --out results/leval_tpo-smollm2-gemma.json
-cagkit eval --data "$DATA/leval/tpo.part-a.jsonl" --source smollm2 --target qwen \
-  --limit "$LIMIT" --out results/leval_tpo-smollm2-qwen.json
+both_targets leval_scientific_qa leval/scientific_qa.part-a.jsonl --max-new-tokens 64
+both_targets leval_quality leval/quality.part-a.jsonl
+both_targets leval_tpo leval/tpo.part-a.jsonl
 
 # Short articles (about 350 tokens): RACE, closed-set, the whole article as context.
-cagkit eval --data "$DATA/race/race.jsonl" --source smollm2 --target gemma \
-  --limit "$LIMIT" --full-context --out results/race-smollm2-gemma.json
-cagkit eval --data "$DATA/race/race.jsonl" --source smollm2 --target qwen \
-  --limit "$LIMIT" --full-context --out results/race-smollm2-qwen.json
+both_targets race race/race.jsonl --full-context
 
 cagkit report results/squad_v2-*.json results/hotpotqa-*.json results/leval_*.json results/race-*.json \
   --out BENCHMARKS.md --plots docs/plots
