@@ -1,0 +1,94 @@
+"""Attention over placed KV in the flash-attention layout `[B, T, H, D]`, and the plain reference it must match.
+
+cagkit keeps and translates KV as `[T, H, D]` per layer (stacked `[L, T, H, D]`), the layout flash-attn reads
+without a transpose. `attention` runs flash-attn on a CUDA tensor when the optional `flash-attn` package is
+installed (`pip install 'cagkit[gpu]'`) and PyTorch's scaled-dot-product attention otherwise;
+`reference_attention` is the textbook computation both are tested against. `layer_kv` gives one layer of placed
+chunks in this layout, RoPE applied: the same keys and values `cagkit.kvcache.place_chunks` writes into
+transformers' `[B, H, T, D]` cache.
+
+Query positions are the last `Tq` of the `Tk` key positions (a question after its context), so the causal mask
+is aligned bottom-right, as flash-attn aligns it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from cagkit.kvcache import ChunkKV
+from cagkit.rope import RotaryTables, apply_rope
+
+
+def flash_attn_available(device: torch.device | str | None = None) -> bool:
+    """Whether flash-attn can run here: the package is installed and the device (default: any) is CUDA."""
+    if importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available():
+        return False
+    return device is None or torch.device(device).type == "cuda"
+
+
+def _mask(tq: int, tk: int, causal: bool, window: int | None, device) -> torch.Tensor | None:
+    """[Tq, Tk] True where query i may attend to key j; queries sit at key positions tk-tq .. tk-1."""
+    if not causal and window is None:
+        return None
+    qpos = torch.arange(tk - tq, tk, device=device)[:, None]
+    kpos = torch.arange(tk, device=device)[None, :]
+    allowed = torch.ones(tq, tk, dtype=torch.bool, device=device)
+    if causal:
+        allowed &= kpos <= qpos
+    if window is not None:
+        allowed &= kpos > qpos - window
+    return allowed
+
+
+def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, T, Hk, D] -> [B, T, heads, D]: each KV head serves heads // Hk query heads (grouped-query attention)."""
+    hk = x.shape[2]
+    if heads % hk:
+        raise ValueError(f"{heads} query heads cannot share {hk} KV heads evenly")
+    return x.repeat_interleave(heads // hk, dim=2)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                        window: int | None = None, scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v in float64, written out plainly. q: [B, Tq, Hq, D]; k, v: [B, Tk, Hk, D]
+    -> [B, Tq, Hq, D]. `window`: each query sees only the last `window` keys up to itself (sliding attention)."""
+    heads = q.shape[2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    qd, kd, vd = q.double(), _repeat_kv(k, heads).double(), _repeat_kv(v, heads).double()
+    scores = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * scale
+    allowed = _mask(q.shape[1], k.shape[1], causal, window, q.device)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", weights, vd).to(q.dtype)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, window: int | None = None,
+              scale: float | None = None) -> torch.Tensor:
+    """Attention in the flash layout: flash-attn on CUDA when installed, else PyTorch SDPA. Shapes as
+    `reference_attention`."""
+    if q.is_cuda and flash_attn_available(q.device):
+        from flash_attn import flash_attn_func
+
+        # flash-attn takes fp16/bf16, aligns the causal mask bottom-right and handles grouped-query heads itself.
+        half = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        out = flash_attn_func(q.to(half), k.to(half), v.to(half), softmax_scale=scale, causal=causal,
+                              window_size=(window - 1, 0) if window is not None else (-1, -1))
+        return out.to(q.dtype)
+    heads = q.shape[2]
+    allowed = _mask(q.shape[1], k.shape[1], causal, window, q.device)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), _repeat_kv(k, heads).transpose(1, 2), _repeat_kv(v, heads).transpose(1, 2),
+        attn_mask=allowed, scale=scale,
+    )
+    return out.transpose(1, 2)
+
+
+def layer_kv(chunks: list[ChunkKV], layer: int, tables: RotaryTables, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer of `chunks` placed from position `start`, RoPE applied, in the flash layout: ([1, N, H, D] x 2)."""
+    keys = torch.cat([c.keys[layer] for c in chunks]).float()  # [N, H, D]
+    values = torch.cat([c.values[layer] for c in chunks]).float()
+    cos, sin = tables(layer, torch.arange(start, start + keys.shape[0]))
+    return apply_rope(keys, cos, sin)[None], values[None]

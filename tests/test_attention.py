@@ -1,0 +1,87 @@
+"""The flash layout `[B, T, H, D]` and transformers' cache layout `[B, H, T, D]` give the same attention as a
+plain reference implementation, sliding windows included; flash-attn itself is checked where CUDA has it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cagkit.attention import attention, flash_attn_available, layer_kv, reference_attention
+from cagkit.kvcache import ChunkKV, place_chunks, prefix_cache
+from cagkit.rope import RotaryTables, sliding_window
+
+from conftest import make_tiny_gemma3, make_tiny_llama
+
+
+def _qkv(b=2, tq=5, tk=23, hq=4, hk=2, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, tq, hq, d, generator=g), torch.randn(b, tk, hk, d, generator=g),
+            torch.randn(b, tk, hk, d, generator=g))
+
+
+@pytest.mark.parametrize("causal,window", [(True, None), (True, 7), (False, None)])
+def test_flash_layout_attention_matches_reference(causal, window):
+    q, k, v = _qkv()
+    torch.testing.assert_close(attention(q, k, v, causal, window), reference_attention(q, k, v, causal, window),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_reference_masks_what_it_should():
+    q, k, v = _qkv(b=1, tq=1, tk=6, hq=2, hk=2)
+    # One query at the last position with a window of 1 sees only its own key: the output is that key's value.
+    torch.testing.assert_close(reference_attention(q, k, v, True, 1), v[:, -1:], atol=1e-6, rtol=1e-6)
+    # Changing keys outside the window leaves the output unchanged; inside it, it does not.
+    k2 = k.clone()
+    k2[:, 0] += 5.0
+    torch.testing.assert_close(reference_attention(q, k2, v, True, 3), reference_attention(q, k, v, True, 3))
+    assert not torch.allclose(reference_attention(q, k2, v, True, None), reference_attention(q, k, v, True, None))
+
+
+@pytest.mark.skipif(not flash_attn_available("cuda"), reason="needs CUDA and flash-attn (pip install 'cagkit[gpu]')")
+@pytest.mark.parametrize("window", [None, 7])
+def test_flash_attn_matches_reference_on_cuda(window):
+    q, k, v = (t.cuda().bfloat16() for t in _qkv(tk=300))
+    out = attention(q, k, v, True, window)
+    torch.testing.assert_close(out.float(), reference_attention(q, k, v, True, window).float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("make", [make_tiny_llama, make_tiny_gemma3], ids=["llama", "gemma3"])
+def test_placed_chunks_attend_alike_in_both_layouts(make, smollm2_tokenizer):
+    """Chunks placed into transformers' cache (sliding layers keep their last window) and the same chunks in the
+    flash layout (all keys, window mask) give one question token the same attention output as the reference."""
+    model = make(smollm2_tokenizer)
+    config = model.config
+    layers, heads, kv_heads = config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    g = torch.Generator().manual_seed(1)
+    chunks = [ChunkKV(torch.randn(layers, n, kv_heads, dim, generator=g), torch.randn(layers, n, kv_heads, dim, generator=g))
+              for n in (9, 14)]
+    prefix_ids = smollm2_tokenizer("Context:", add_special_tokens=False)["input_ids"]
+    tables = RotaryTables(model)
+    cache = prefix_cache(model, prefix_ids)
+    prefix_kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    place_chunks(model, cache, chunks, tables)
+    p, n = len(prefix_ids), sum(c.num_tokens for c in chunks)
+    for layer in range(layers):
+        window = sliding_window(config, layer)
+        # Flash layout: the prefix's keys (transposed out of the cache) then the placed chunks, every token kept.
+        ck, cv = layer_kv(chunks, layer, tables, start=p)
+        fk = torch.cat([prefix_kv[layer][0].transpose(1, 2), ck], dim=1)
+        fv = torch.cat([prefix_kv[layer][1].transpose(1, 2), cv], dim=1)
+        assert fk.shape[1] == p + n
+        # Cache layout: what transformers kept ([B, H, T, D]); a sliding layer holds fewer tokens than p + n.
+        tk, tv = cache.layers[layer].keys.transpose(1, 2), cache.layers[layer].values.transpose(1, 2)
+        if window is None:
+            torch.testing.assert_close(tk, fk, atol=1e-5, rtol=1e-5)
+        else:
+            assert tk.shape[1] < p + n
+            torch.testing.assert_close(tk, fk[:, -tk.shape[1]:], atol=1e-5, rtol=1e-5)
+        # One question token at position p + n: its own key/value joins both, then it attends.
+        q = torch.randn(1, 1, heads, dim, generator=g)
+        own_k, own_v = torch.randn(1, 1, kv_heads, dim, generator=g), torch.randn(1, 1, kv_heads, dim, generator=g)
+        flash_k, flash_v = torch.cat([fk, own_k], 1), torch.cat([fv, own_v], 1)
+        expected = reference_attention(q, flash_k, flash_v, causal=True, window=window)
+        from_flash = attention(q, flash_k, flash_v, causal=True, window=window)
+        from_cache = attention(q, torch.cat([tk, own_k], 1), torch.cat([tv, own_v], 1), causal=True)
+        torch.testing.assert_close(from_flash, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(from_cache, expected, atol=1e-5, rtol=1e-5)
