@@ -75,7 +75,7 @@ def _cmd_models(args) -> int:
 def _cmd_translators_train(args) -> int:
     from cagkit.training import TrainSettings, train_translator
 
-    settings = TrainSettings(examples=args.examples, threads=args.threads)
+    settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction)
     out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
                            out=args.out, kind=args.kind, work_dir=args.work_dir, settings=settings)
     print(f"wrote {out}")
@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=None, help="optimisation steps (default: 600; more continues a finished run)")
     t.add_argument("--kind", default="mot", choices=["mot", "linear", "projector"])
     t.add_argument("--examples", type=int, default=200, help="training passages of 128+32 target tokens (default: %(default)s)")
+    t.add_argument("--recall-fraction", type=float, default=0.5,
+                   help="share of examples whose replayed continuation repeats a span of the passage (default: %(default)s)")
     t.add_argument("--threads", type=int, default=1, help="CPU threads for training (default: %(default)s)")
     t.add_argument("--work-dir", default=None, help="paired-prefill data and resumable state (default: $CAGKIT_HOME/train/SOURCE__TARGET)")
     t.add_argument("--out", default=None, help="checkpoint path (default: translators/SOURCE__TARGET.safetensors)")

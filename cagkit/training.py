@@ -4,7 +4,10 @@ Data. Windows of corpus text are cut so the target tokenizes each into exactly `
 The prefix text is prefilled alone by the source (as `cagkit ingest` stores a chunk) and its KV gathered at the
 target tokens (`cagkit.alignment`); the target prefills `sink + prefix + continuation` natively once, which gives
 its RoPE-free prefix KV (the reconstruction target), its hidden states over the continuation and its top logits
-there (the Context Correction targets). Examples are stored in fp16 shards under the work dir; generation
+there (the Context Correction targets). In a share of the examples (`recall_fraction`) the continuation is
+instead a span copied from the prefix: the target replays it natively by looking it up in the context, which
+is what answering a question about a document needs, and the translated keys have to support the same look-up.
+Examples are stored in fp16 shards under the work dir; generation
 resumes shard by shard.
 
 Objective. KV reconstruction (MSE of normalised K and V per translated layer) + Context Correction Loss: the
@@ -13,7 +16,8 @@ frozen target replays the continuation over `sink + translated prefix` and is pu
 only into the translator + a load-balancing term that keeps every expert in use.
 
 Held-out files: any `.txt` under a folder named `testing`, and files named `test.txt`, are never trained on;
-`evaluate_translator` measures continuation NLL over them.
+`evaluate_translator` measures continuation NLL and KL to native over them, for the text that follows each
+passage and for a recall continuation (a span of the passage repeated).
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ class TrainSettings:
     steps: int = 600
     prefix_tokens: int = 128  # target tokens of the translated prefix
     continuation_tokens: int = 32  # target tokens replayed for the Context Correction Loss
+    # Share of examples whose continuation is a span copied from the prefix instead of the text that follows it:
+    # replaying it natively needs recall from the context (as answering a question about it does), not only
+    # the last few tokens, so CCL on it trains the keys the target's look-up heads match against.
+    recall_fraction: float = 0.5
     examples: int = 200  # ~25k target tokens; on 2 busy cores about 15 min of paired prefill
     shard_size: int = 25
     batch: int = 4
@@ -115,11 +123,14 @@ def sample_windows(files: list[Path], count: int, seed: int, target: LoadedModel
 
 @torch.no_grad()
 def make_example(source: LoadedModel, target: LoadedModel, window: str, settings: TrainSettings,
-                 align_mode: str, tables: tuple[RotaryTables, RotaryTables]) -> dict:
-    """One paired-prefill training example from a text window (see the module docstring)."""
+                 align_mode: str, tables: tuple[RotaryTables, RotaryTables], recall_at: int | None = None) -> dict:
+    """One paired-prefill training example from a text window (see the module docstring). With `recall_at`,
+    the continuation is the prefix's tokens from that index on (a recall continuation) instead of what follows."""
     P, C = settings.prefix_tokens, settings.continuation_tokens
     enc = target.tokenizer(window, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"][: P + C]
+    if recall_at is not None:
+        ids = ids[:P] + recall_continuation(ids[:P], C, recall_at)
     offsets = torch.tensor(enc["offset_mapping"][:P])  # [P, 2]
     prefix_text = window[: int(offsets[-1, 1])]
     src = source.tokenizer(prefix_text, add_special_tokens=False, return_offsets_mapping=True)
@@ -153,6 +164,12 @@ def make_example(source: LoadedModel, target: LoadedModel, window: str, settings
     }
 
 
+def recall_continuation(prefix_ids: list[int], length: int, start: int) -> list[int]:
+    """`length` prefix tokens from `start` (clamped so the span fits): a continuation that repeats the context."""
+    start = min(max(start, 0), max(len(prefix_ids) - length, 0))
+    return list(prefix_ids[start: start + length])
+
+
 def _logits(target: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
     """The target's LM head on final hidden states, with its logit soft-capping when the config has one."""
     logits = target.model.get_output_embeddings()(hidden)
@@ -173,8 +190,12 @@ def generate_data(source: LoadedModel, target: LoadedModel, corpus: Path, settin
         if path.exists():
             continue
         started = time.time()
-        windows = sample_windows(files, settings.shard_size, settings.seed * 100_003 + index, target, need)
-        examples = [make_example(source, target, w, settings, align_mode, tables) for w in windows]
+        seed = settings.seed * 100_003 + index
+        windows = sample_windows(files, settings.shard_size, seed, target, need)
+        rng = random.Random(seed + 1)
+        last = max(settings.prefix_tokens - settings.continuation_tokens, 0)
+        starts = [rng.randrange(last + 1) if rng.random() < settings.recall_fraction else None for _ in windows]
+        examples = [make_example(source, target, w, settings, align_mode, tables, at) for w, at in zip(windows, starts)]
         stacked = {key: torch.stack([e[key] for e in examples]) for key in examples[0]}
         tmp = path.with_suffix(".tmp")
         torch.save(stacked, tmp)
@@ -384,8 +405,9 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
                              target, P + C)
     sink = sink_ids(target)
     tables = RotaryTables(target.model)
-    sums: dict[str, float] = {}
-    kl_sums: dict[str, float] = {}
+    rng = random.Random(settings.seed + 11)
+    sums: dict[str, dict[str, float]] = {"next": {}, "recall": {}}
+    kl_sums: dict[str, dict[str, float]] = {"next": {}, "recall": {}}
     timing = {"translate": 0.0, "target_prefill_decoder": 0.0}
     for window in windows:
         enc = target.tokenizer(window, add_special_tokens=False, return_offsets_mapping=True)
@@ -396,7 +418,8 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         translated, ids = translator.translate(source_kv, src["input_ids"], torch.tensor(src["offset_mapping"]),
                                                prefix_text, target)
         timing["translate"] += time.time() - started
-        continuation = enc["input_ids"][P: P + C]
+        continuations = {"next": enc["input_ids"][P: P + C],
+                         "recall": recall_continuation(enc["input_ids"][:P], C, rng.randrange(max(P - C, 0) + 1))}
         started = time.time()  # what a native prefill of the chunk costs: the decoder body, no LM head
         target.model.get_decoder()(input_ids=torch.tensor([sink + ids]), cache=DynamicCache(), use_cache=True)
         timing["target_prefill_decoder"] += time.time() - started
@@ -406,34 +429,44 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         for k in native_bottom:
             contexts[f"native_bottom_{k}"] = [ChunkKV(torch.cat([native.keys[:k], translated.keys[k:]]),
                                                       torch.cat([native.values[:k], translated.values[k:]]))]
-        logps = {}
-        for name, chunks in contexts.items():
-            cache = DynamicCache(config=target.model.config)
-            if sink:
-                target.model.get_decoder()(input_ids=torch.tensor([sink]), cache=cache, use_cache=True)
-            place_chunks(target.model, cache, chunks, tables)
-            logps[name] = _continuation_logp(target, cache, continuation)  # [C - 1, V]
-        truth = torch.tensor(continuation[1:])[:, None]
-        for name, logp in logps.items():
-            sums[name] = sums.get(name, 0.0) + float(-logp.gather(1, truth).mean())
-            kl = (logps["native"].exp() * (logps["native"] - logp)).sum(-1).mean()
-            kl_sums[name] = kl_sums.get(name, 0.0) + float(kl)
+        for task, continuation in continuations.items():
+            logps = {}
+            for name, chunks in contexts.items():
+                cache = DynamicCache(config=target.model.config)
+                if sink:
+                    target.model.get_decoder()(input_ids=torch.tensor([sink]), cache=cache, use_cache=True)
+                place_chunks(target.model, cache, chunks, tables)
+                logps[name] = _continuation_logp(target, cache, continuation)  # [C - 1, V]
+            truth = torch.tensor(continuation[1:])[:, None]
+            for name, logp in logps.items():
+                sums[task][name] = sums[task].get(name, 0.0) + float(-logp.gather(1, truth).mean())
+                kl = (logps["native"].exp() * (logps["native"] - logp)).sum(-1).mean()
+                kl_sums[task][name] = kl_sums[task].get(name, 0.0) + float(kl)
     n = len(windows)
-    nll = {name: total / n for name, total in sums.items()}
-    kl = {name: total / n for name, total in kl_sums.items()}
-    gain = nll["none"] - nll["native"]
     result = {
         "heldout_files": [str(p) for p in corpus_files(corpus, heldout=True)],
         "examples": n,
         "prefix_tokens": P,
         "continuation_tokens": C,
+        **_scores(sums["next"], kl_sums["next"], n),
+        # The same contexts, continued by a span of themselves: how much of the target's recall survives.
+        "recall": _scores(sums["recall"], kl_sums["recall"], n),
+        "ms_per_chunk": {key: 1000 * value / n for key, value in timing.items()},
+    }
+    return result
+
+
+def _scores(nll_sums: dict[str, float], kl_sums: dict[str, float], n: int) -> dict:
+    """Mean NLL and KL-to-native per context, and their recoveries relative to no context."""
+    nll = {name: total / n for name, total in nll_sums.items()}
+    kl = {name: total / n for name, total in kl_sums.items()}
+    gain = nll["none"] - nll["native"]
+    return {
         "nll": nll,
         "recovery": {name: (nll["none"] - value) / gain for name, value in nll.items() if name != "none"},
         "kl_to_native": kl,
         "kl_recovery": {name: 1 - value / kl["none"] for name, value in kl.items() if name != "none"},
-        "ms_per_chunk": {key: 1000 * value / n for key, value in timing.items()},
     }
-    return result
 
 
 def train_translator(source: str, target: str, corpus: Path, steps: int | None = None, out: Path | None = None,
@@ -457,8 +490,9 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     out = Path(out) if out else translator_path(source, target, kind)
     work_dir = Path(work_dir) if work_dir else cagkit_home() / "train" / f"{source}__{target}"
     cfg = TranslatorConfig.for_models(kind, src, tgt, **settings.sizes)
+    recall = f"-r{settings.recall_fraction:g}" if settings.recall_fraction else ""
     data_dir = work_dir / (f"data-{cfg.align_mode}-p{settings.prefix_tokens}c{settings.continuation_tokens}"
-                           f"k{settings.top_logits}-seed{settings.seed}")
+                           f"k{settings.top_logits}{recall}-seed{settings.seed}")
     data = generate_data(src, tgt, corpus, settings, cfg.align_mode, data_dir, log)
     data_s = time.time() - started
     net = TranslatorNet(cfg)
@@ -477,7 +511,8 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     log("evaluating on held-out text ...")
     heldout = evaluate_translator(translator, src, tgt, corpus, settings, native_bottom=(2, tgt.num_layers // 2))
     log(f"held-out NLL {json.dumps(heldout['nll'])} recovery {json.dumps(heldout['recovery'])} "
-        f"KL to native {json.dumps(heldout['kl_to_native'])}")
+        f"KL to native {json.dumps(heldout['kl_to_native'])}; recall KL recovery "
+        f"{json.dumps(heldout['recall']['kl_recovery'])}")
     card = {
         "kind": kind,
         "source": {"name": source, "fingerprint": src.fingerprint},

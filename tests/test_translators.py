@@ -22,6 +22,7 @@ from cagkit.training import (
     batch_losses,
     fit_ridge,
     generate_data,
+    recall_continuation,
     sink_ids,
     train_translator,
 )
@@ -180,6 +181,22 @@ def test_training_reduces_the_loss(pair, corpus, tmp_path):
     assert card["steps"] == 40 and card["target"]["fingerprint"] == "tgt-fp"
     assert set(card["heldout"]["nll"]) >= {"none", "native", "translated"}
     assert card["heldout"]["kl_to_native"]["native"] == pytest.approx(0.0, abs=1e-4)
+    assert card["heldout"]["recall"]["kl_to_native"]["native"] == pytest.approx(0.0, abs=1e-4)
+    assert card["heldout"]["recall"]["kl_to_native"]["none"] > 0
+
+
+def test_recall_examples_replay_a_span_of_their_own_prefix(pair, corpus, tmp_path):
+    source, target = pair
+    assert recall_continuation(list(range(10)), 4, 3) == [3, 4, 5, 6]
+    assert recall_continuation(list(range(10)), 4, 9) == [6, 7, 8, 9]  # clamped so the span fits
+    data = generate_data(source, target, corpus, tiny_settings(recall_fraction=1.0), "cover", tmp_path / "r",
+                         log=lambda m: None)
+    plain = generate_data(source, target, corpus, tiny_settings(recall_fraction=0.0), "cover", tmp_path / "p",
+                          log=lambda m: None)
+    assert torch.equal(data["ids"], plain["ids"])  # the same passages
+    for ids, continuation in zip(data["ids"].tolist(), data["continuation"].tolist()):
+        assert any(ids[i: i + len(continuation)] == continuation for i in range(len(ids) - len(continuation) + 1))
+    assert not torch.equal(data["continuation"], plain["continuation"])
 
 
 def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
