@@ -12,12 +12,12 @@ from transformers import DynamicCache
 from cagkit.embeddings import embed
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
-from cagkit.kvcache import ChunkKV, place_chunks, prefix_cache
+from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
 from cagkit.models import LoadedModel, load_model
 from cagkit.rope import RotaryTables
 from cagkit.store import DEFAULT_STORE, Hit, Store, StoredChunk
 
-MODES = ("mot", "native", "linear", "projector")
+MODES = ("mot", "native", "linear", "projector", "oracle")
 
 
 @dataclass
@@ -62,7 +62,9 @@ def ask(
         mode: how the target gets the chunks' KV when it is not the store's source model: `mot` (the trained
             Mixture-of-Translators), `linear` or `projector` (single-path baselines), or `native` (the target
             prefills the chunk text itself: the reference). When the target is the source model, `mot`,
-            `linear` and `projector` all reuse the stored cache as it is.
+            `linear` and `projector` all reuse the stored cache as it is. `oracle` is a diagnostic: the target
+            prefills each chunk alone after its sink token, the cache a perfect translator would produce, so
+            it shows what the store's layout (chunks that never attend to each other) costs by itself.
         max_new_tokens: the longest answer, in tokens.
         on_text: called with each new piece of the answer as it is generated (streaming).
     """
@@ -144,12 +146,29 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         return ContextCache(cache, prefix_ids + context_ids + suffix_ids, len(context_ids), loaded_at, 0.0, mode)
     stored = [store.load_chunk(h.chunk_id) for h in placed]
     loaded_at = time.perf_counter()
-    kvs = _target_kv(lm, store, stored, mode)
+    kvs = [chunk_alone_kv(lm, c.text) for c in stored] if mode == "oracle" else _target_kv(lm, store, stored, mode)
     translate_s = time.perf_counter() - loaded_at
     cache = prefix_cache(lm.model, prefix_ids)
     place_chunks(lm.model, cache, kvs, RotaryTables(lm.model))
-    used = "reuse" if _same_model(lm, store) else mode
+    used = "reuse" if _same_model(lm, store) and mode != "oracle" else mode
     return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, translate_s, used)
+
+
+def sink_ids(lm: LoadedModel) -> list[int]:
+    """The short target-native prefix a chunk is prefilled or translated after (the attention sink): BOS when
+    the model has one, else its end-of-text token."""
+    tok = lm.tokenizer
+    first = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    return [first] if first is not None else []
+
+
+def chunk_alone_kv(lm: LoadedModel, text: str) -> ChunkKV:
+    """The target's own RoPE-free KV of `text` prefilled alone after its sink (the sink's KV left out): what
+    the translators are trained to reproduce."""
+    sink = sink_ids(lm)
+    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    kv = prefill_kv(lm.model, sink + ids)
+    return ChunkKV(kv.keys[:, len(sink):], kv.values[:, len(sink):])
 
 
 def _same_model(lm: LoadedModel, store: Store) -> bool:

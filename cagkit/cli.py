@@ -123,9 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=store_default, help="store directory (default: %(default)s)")
     p.add_argument("--model", default="smollm2", help="target model (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
-    p.add_argument("--mode", default="mot", choices=["mot", "native", "linear", "projector"],
+    p.add_argument("--mode", default="mot", choices=["mot", "native", "linear", "projector", "oracle"],
                    help="mot: translate the stored KV (default); native: the target prefills the chunk text; "
-                        "linear/projector: single-path baseline translators")
+                        "linear/projector: single-path baseline translators; oracle (diagnostic): the target "
+                        "prefills each chunk alone, the cache a perfect translator would give")
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object with answer, sources and timings")
     p.set_defaults(func=_cmd_ask)

@@ -36,6 +36,7 @@ import torch
 from transformers import DynamicCache
 
 from cagkit.alignment import align
+from cagkit.ask import sink_ids
 from cagkit.errors import TranslatorError
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv
 from cagkit.models import LoadedModel, cagkit_home, load_model
@@ -94,14 +95,6 @@ def corpus_files(corpus: Path, heldout: bool) -> list[Path]:
         kind = "held-out (under testing/ or test.txt)" if heldout else "training"
         raise TranslatorError(f"corpus {corpus} has no {kind} .txt files")
     return files
-
-
-def sink_ids(target: LoadedModel) -> list[int]:
-    """The short target-native prefix every translated chunk follows (the attention sink): BOS when the model
-    has one, else its end-of-text token."""
-    tok = target.tokenizer
-    first = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-    return [first] if first is not None else []
 
 
 def sample_windows(files: list[Path], count: int, seed: int, target: LoadedModel, need: int) -> list[str]:

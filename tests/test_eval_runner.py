@@ -99,9 +99,10 @@ def test_closed_set_choice_matches_a_full_text_likelihood(reuse_run, data):
 
 @pytest.fixture(scope="module")
 def other_target_run(data, tmp_path_factory):
-    """native and mot with a different target (a plain-prompt Gemma 3 with sliding windows) and no translator."""
+    """native, mot and oracle with a different target (a plain-prompt Gemma 3 with sliding windows) and no
+    translator."""
     work = tmp_path_factory.mktemp("other")
-    out = run_eval(data=data[0], source=SOURCE, target=OTHER, methods=["native", "mot"],
+    out = run_eval(data=data[0], source=SOURCE, target=OTHER, methods=["native", "mot", "oracle"],
                    store=work / "store", out=work / "results.json", max_new_tokens=2)
     return json.loads(out.read_text())
 
@@ -111,6 +112,18 @@ def test_a_missing_translator_is_recorded_not_raised(other_target_run):
     assert run["methods"]["native"]["n"] == 3 and run["methods"]["native"]["model"] == OTHER
     assert "translator" in run["methods"]["mot"]["error"]
     assert "examples" not in run["methods"]["mot"] and run["complete"] is False
+
+
+def test_oracle_reads_the_target_s_own_chunk_caches(other_target_run, models):
+    oracle, native = other_target_run["methods"]["oracle"], other_target_run["methods"]["native"]
+    assert oracle["n"] == 3 and oracle["model"] == OTHER and "error" not in oracle
+    assert oracle["kv_bytes_per_token"] == models[OTHER].kv_bytes_per_token(2)
+    # Each question here has one chunk per document, so the oracle places exactly the tokens native prefills,
+    # except that a two-document context is one text ("\n\n"-joined) for native and two chunks for the oracle.
+    tokens = {r["id"]: r["context_tokens"] for r in native["examples"]}
+    for record in oracle["examples"]:
+        if record["id"] != "open-2":
+            assert record["context_tokens"] == tokens[record["id"]] > 10
 
 
 def test_closed_set_scoring_copes_with_plain_prompts_and_sliding_windows(other_target_run, models):

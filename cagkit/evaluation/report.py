@@ -36,7 +36,7 @@ from cagkit.errors import CagkitError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-METHOD_ORDER = ("native", "none", "source", "linear", "projector", "mot")
+METHOD_ORDER = ("native", "none", "source", "linear", "projector", "mot", "oracle")
 _REQUIRED_KEYS = ("dataset", "source", "target", "command", "methods")
 _BAR_CHART = "quality_by_method.png"
 _SCATTER = "quality_vs_ttft.png"

@@ -10,6 +10,9 @@ reused across runs). Each question is then answered from the chunks of its own d
     linear     the target from the stored KV translated by one ridge map per layer
     projector  the same with one MLP projector per layer
     mot        the same with the Mixture-of-Translators
+    oracle     the target prefills each retrieved chunk alone (after its sink) and reads them placed as the
+               translators' output is: the cache a perfect translator would give, i.e. the ceiling of every
+               translated method on this store layout (a diagnostic; it costs a native prefill)
 
 Open questions are answered greedily and scored by SQuAD exact match and token F1; closed-set questions choose
 the option whose tokens have the highest mean log-likelihood after the prompt. Time to first token is measured
@@ -42,7 +45,7 @@ from cagkit.ingest import DEFAULT_CHUNK_TOKENS, ingest
 from cagkit.models import LoadedModel, load_model
 from cagkit.store import DTYPES, Hit, Store
 
-METHODS = ("native", "none", "source", "linear", "projector", "mot")
+METHODS = ("native", "none", "source", "linear", "projector", "mot", "oracle")
 TRANSLATED = ("linear", "projector", "mot")
 RESULTS_DIR = Path("results")
 # Settings that may differ between a run and the file it resumes: more questions, or another copy of the store.
@@ -69,7 +72,7 @@ def run_eval(
         data: a data set file in one of `cagkit.evaluation.datasets.FORMATS`.
         source: the model that prefills the documents into the store.
         target: the model that answers (every method but `source`).
-        methods: any of native, none, source, linear, projector, mot.
+        methods: any of native, none, source, linear, projector, mot, oracle.
         limit: the first `limit` questions only (all if None).
         top_k: chunks retrieved per question, from that question's own documents.
         full_context: give every method all chunks of the question's documents instead of retrieving.
@@ -112,7 +115,7 @@ def run_eval(
         models = {m: source_lm if m == "source" else target_lm for m in methods}
         stored_bytes = DTYPES[st.settings.dtype].itemsize
         about = {m: {"model": models[m].name,
-                     "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in ("native", "none")
+                     "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in ("native", "none", "oracle")
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
         errors = {m: e for m in methods if (e := _translator_problem(m, models[m], st))}
         for m, message in errors.items():
@@ -307,6 +310,8 @@ def _mode(method: str) -> str:
     """The `answer_from_chunks` mode of a method: the source reuses its own cache through the `mot` path."""
     if method in ("native", "none"):
         return "native"
+    if method == "oracle":
+        return "oracle"
     return "mot" if method == "source" else method
 
 
