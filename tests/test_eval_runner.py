@@ -193,3 +193,40 @@ def test_summary_scores_recovery_and_medians():
     assert summarize(closed, None)["recovery"] is None
     wrong = [dict(r, correct=False) for r in closed]
     assert summarize(closed, wrong)["recovery"] is None  # native scored nothing: no ratio
+
+
+def test_a_changed_translator_is_evaluated_again(data, models, tmp_path, monkeypatch):
+    from cagkit.translators import Translator, TranslatorConfig, TranslatorNet, translator_path
+
+    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path / "translators"))
+    (tmp_path / "translators").mkdir()
+
+    def save_translator(seed):
+        torch.manual_seed(seed)
+        cfg = TranslatorConfig.for_models("linear", models[SOURCE], models[OTHER])
+        net = TranslatorNet(cfg)
+        for layer in net.layers:
+            torch.nn.init.normal_(layer.head.weight, std=0.02)
+        Translator(net, "tiny-llama-fp", "tiny-gemma-fp", {}).save(translator_path(SOURCE, OTHER, "linear"))
+
+    args = dict(data=data[0], source=SOURCE, target=OTHER, methods=["native", "linear"], limit=1,
+                store=tmp_path / "store", out=tmp_path / "results.json", max_new_tokens=2)
+    save_translator(0)
+    run_eval(**args)
+    first = json.loads((tmp_path / "results.json").read_text())["methods"]["linear"]
+    assert first["n"] == 1 and len(first["translator"]) == 16
+    calls = []
+    real = runner.evaluate_example
+
+    def counted(lm, store, hits, example, mode, max_new_tokens):
+        calls.append(mode)
+        return real(lm, store, hits, example, mode, max_new_tokens)
+
+    monkeypatch.setattr(runner, "evaluate_example", counted)
+    run_eval(**args)
+    assert calls == []  # same checkpoint: nothing to redo
+    save_translator(1)
+    run_eval(**args)
+    assert calls == ["linear"]  # native's record stands; linear's came from the old checkpoint
+    again = json.loads((tmp_path / "results.json").read_text())["methods"]["linear"]
+    assert again["n"] == 1 and again["translator"] != first["translator"]

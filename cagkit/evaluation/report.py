@@ -9,7 +9,7 @@ Results JSON contract (one file per dataset and source -> target pair, written b
                   "max_new_tokens": 24, "chunk_tokens": 256},
      "command": "cagkit eval --data ...",            # the exact command, to reproduce the file
      "methods": {"native": {...}, "none": {...}, "source": {...},
-                 "linear": {...}, "projector": {...}, "mot": {...}}}
+                 "linear": {...}, "projector": {...}, "mot": {...}, "oracle": {...}}}
 
 Each method (any may be missing) maps to:
 
@@ -20,6 +20,8 @@ Each method (any may be missing) maps to:
     "translate_ms_median"  median cache translation time, milliseconds (0 for native)
     "kv_bytes_per_token"   bytes of KV cache stored per context token
     "n"                    number of examples scored
+    "translator"           linear/projector/mot with another target: sha256[:16] of the checkpoint used; a
+                           resumed run answers again every question of a method whose checkpoint changed
     "examples"             [{"id", "prediction", "ttft_ms", "f1", "exact_match"} or
                             {"id", "prediction", "ttft_ms", "correct": bool}]
 

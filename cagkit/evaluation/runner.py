@@ -121,10 +121,16 @@ def run_eval(
         for m, message in errors.items():
             _log(f"{m}: skipped: {message}")
         active = [m for m in methods if m not in errors]
+        for m in active:
+            if digest := _translator_digest(m, models[m], st):
+                about[m]["translator"] = digest
+                if m in previous and previous[m].get("translator") != digest:
+                    _log(f"{m}: the translator changed since {out} was written; answering every question again")
+                    del previous[m]
         # Methods of the earlier run that this one does not run keep their records (and are re-summarised).
         for m, entry in previous.items():
             if m not in methods and "examples" in entry:
-                about[m] = {k: entry[k] for k in ("model", "kv_bytes_per_token") if k in entry}
+                about[m] = {k: entry[k] for k in ("model", "kv_bytes_per_token", "translator") if k in entry}
         records = {m: list(previous.get(m, {}).get("examples", [])) for m in about if m not in errors}
         done = {m: {r["id"] for r in records[m]} for m in active}
 
@@ -326,6 +332,15 @@ def _translator_problem(method: str, lm: LoadedModel, store: Store) -> str | Non
     except (ImportError, CagkitError) as exc:
         return str(exc)
     return None
+
+
+def _translator_digest(method: str, lm: LoadedModel, store: Store) -> str | None:
+    """The first 16 hex digits of the sha256 of the checkpoint a translated method reads, else None."""
+    if method not in TRANSLATED or lm.fingerprint == store.settings.source_fingerprint:
+        return None
+    from cagkit.translators import translator_path
+
+    return hashlib.sha256(translator_path(store.settings.source, lm.name, method).read_bytes()).hexdigest()[:16]
 
 
 def _load_previous(out: Path, results: dict) -> dict:
