@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
 from transformers import DynamicCache
 
 from cagkit.embeddings import embed
@@ -51,6 +52,7 @@ def ask(
     mode: str = "mot",
     max_new_tokens: int = 64,
     on_text: Callable[[str], None] | None = None,
+    recompute_layers: int = 0,
 ) -> Answer:
     """Answer `question` from the documents in `store` with `model`.
 
@@ -67,6 +69,9 @@ def ask(
             it shows what the store's layout (chunks that never attend to each other) costs by itself.
         max_new_tokens: the longest answer, in tokens.
         on_text: called with each new piece of the answer as it is generated (streaming).
+        recompute_layers: with a translated mode, the target recomputes its bottom this many layers over each
+            chunk (a partial prefill, about this share of a native one) and only the layers above are
+            translated (the injection depth; 0 = the translator's default).
     """
     if mode not in MODES:
         raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
@@ -78,7 +83,8 @@ def ask(
         t0 = time.perf_counter()
         hits = retrieve(opened, question, top_k)
         t1 = time.perf_counter()
-        return answer_from_chunks(lm, opened, hits, question, mode, max_new_tokens, on_text, started=t0, retrieved=t1)
+        return answer_from_chunks(lm, opened, hits, question, mode, max_new_tokens, on_text, started=t0, retrieved=t1,
+                                  recompute_layers=recompute_layers)
     finally:
         if opened is not store:
             opened.close()
@@ -94,6 +100,7 @@ def answer_from_chunks(
     on_text: Callable[[str], None] | None = None,
     started: float | None = None,
     retrieved: float | None = None,
+    recompute_layers: int = 0,
 ) -> Answer:
     """Answer `question` with `lm` from the given retrieved chunks (the part of `ask` after retrieval).
 
@@ -101,7 +108,7 @@ def answer_from_chunks(
     """
     started = started or time.perf_counter()
     retrieved = retrieved or started
-    context = build_context_cache(lm, store, hits, question, mode)
+    context = build_context_cache(lm, store, hits, question, mode, recompute_layers)
     gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text)
     end = time.perf_counter()
     decoded = max(len(gen.token_ids) - 1, 0)
@@ -130,12 +137,17 @@ class ContextCache:
     mode: str  # the mode used: "reuse" when the target is the store's source model
 
 
-def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str) -> ContextCache:
+def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
+                        recompute_layers: int = 0) -> ContextCache:
     """Bring the chunks of `hits` into `lm`'s cache for `question`, stopping before the question is prefilled.
 
     The chunks are placed in document order, whatever their scores, so text that belongs together reads in order.
     Native mode leaves the cache empty and the whole prompt pending, as a target without cagkit would read it.
+    `recompute_layers` (translated modes only) replaces the bottom layers of each translated chunk with the
+    target's own partial prefill of the chunk; its time counts as translation.
     """
+    if not 0 <= recompute_layers <= lm.num_layers:
+        raise CagkitError(f"--recompute-layers must be between 0 and {lm.num_layers} for {lm.name}, got {recompute_layers}")
     prefix_ids, suffix_ids = prompt_parts(lm, question)
     placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
     if mode == "native":
@@ -147,6 +159,8 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     stored = [store.load_chunk(h.chunk_id) for h in placed]
     loaded_at = time.perf_counter()
     kvs = [chunk_alone_kv(lm, c.text) for c in stored] if mode == "oracle" else _target_kv(lm, store, stored, mode)
+    if recompute_layers and mode != "oracle" and not _same_model(lm, store):
+        kvs = [_recompute_bottom(lm, c.text, kv, recompute_layers) for c, kv in zip(stored, kvs)]
     translate_s = time.perf_counter() - loaded_at
     cache = prefix_cache(lm.model, prefix_ids)
     place_chunks(lm.model, cache, kvs, RotaryTables(lm.model))
@@ -162,13 +176,23 @@ def sink_ids(lm: LoadedModel) -> list[int]:
     return [first] if first is not None else []
 
 
-def chunk_alone_kv(lm: LoadedModel, text: str) -> ChunkKV:
+def chunk_alone_kv(lm: LoadedModel, text: str, layers: int | None = None) -> ChunkKV:
     """The target's own RoPE-free KV of `text` prefilled alone after its sink (the sink's KV left out): what
-    the translators are trained to reproduce."""
+    the translators are trained to reproduce. With `layers`, only the bottom `layers` layers."""
     sink = sink_ids(lm)
     ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
-    kv = prefill_kv(lm.model, sink + ids)
+    kv = prefill_kv(lm.model, sink + ids, layers=layers)
     return ChunkKV(kv.keys[:, len(sink):], kv.values[:, len(sink):])
+
+
+def _recompute_bottom(lm: LoadedModel, text: str, translated: ChunkKV, layers: int) -> ChunkKV:
+    """`translated` with its bottom `layers` layers replaced by the target's own partial prefill of `text`."""
+    own = chunk_alone_kv(lm, text, layers)
+    if own.num_tokens != translated.num_tokens:
+        raise CagkitError(f"the target tokenised a chunk into {own.num_tokens} tokens, the translation has "
+                          f"{translated.num_tokens}; this is a bug, please report it")
+    return ChunkKV(torch.cat([own.keys, translated.keys[layers:].float()]),
+                   torch.cat([own.values, translated.values[layers:].float()]))
 
 
 def _same_model(lm: LoadedModel, store: Store) -> bool:

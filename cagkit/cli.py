@@ -35,7 +35,7 @@ def _cmd_ask(args) -> int:
 
     stream = None if args.json else (lambda piece: print(piece, end="", flush=True))
     result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
-                 max_new_tokens=args.max_new_tokens, on_text=stream)
+                 max_new_tokens=args.max_new_tokens, on_text=stream, recompute_layers=args.recompute_layers)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -87,7 +87,8 @@ def _cmd_eval(args) -> int:
 
     out = run_eval(data=args.data, source=args.source, target=args.target, methods=args.methods.split(","),
                    limit=args.limit, top_k=args.top_k, full_context=args.full_context, out=args.out,
-                   data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store)
+                   data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store,
+                   recompute_layers=args.recompute_layers)
     print(f"wrote {out}")
     return 0
 
@@ -127,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mot: translate the stored KV (default); native: the target prefills the chunk text; "
                         "linear/projector: single-path baseline translators; oracle (diagnostic): the target "
                         "prefills each chunk alone, the cache a perfect translator would give")
+    p.add_argument("--recompute-layers", type=int, default=0, metavar="K",
+                   help="translated modes: the target recomputes its bottom K layers over each chunk (about K/L of "
+                        "a native prefill) and only the layers above are translated (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object with answer, sources and timings")
     p.set_defaults(func=_cmd_ask)
@@ -161,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--full-context", action="store_true", help="give every method the whole context, no retrieval")
+    p.add_argument("--recompute-layers", type=int, default=0, metavar="K",
+                   help="translated modes: the target recomputes its bottom K layers over each chunk (about K/L of "
+                        "a native prefill) and only the layers above are translated (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--store", default=None, help="store to ingest the documents into (default: a fresh one under results/)")
     p.add_argument("--out", default=None, help="results JSON (default: results/<data>-<source>-<target>.json)")

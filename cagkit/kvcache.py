@@ -26,17 +26,38 @@ class ChunkKV:
         return self.keys.shape[1]
 
 
+class _StopForward(Exception):
+    pass
+
+
 @torch.no_grad()
-def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None) -> ChunkKV:
+def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None, layers: int | None = None) -> ChunkKV:
     """Prefill `input_ids` alone at positions 0..T-1 and return every layer's KV with RoPE removed (fp32).
 
     A config-less DynamicCache keeps every token of every layer (sliding-window layers included, whose attention
-    the mask still limits), so nothing of a long chunk is dropped.
+    the mask still limits), so nothing of a long chunk is dropped. With `layers`, only the bottom `layers` layers
+    run (a partial prefill costs about layers / L of a full one) and only their KV is returned.
     """
     tables = tables or RotaryTables(model)
     ids = torch.tensor([input_ids], dtype=torch.long)
     cache = DynamicCache()
-    model(input_ids=ids, cache=cache, use_cache=True)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    total = len(decoder.layers)
+    if layers is not None and layers < 1:
+        raise ValueError(f"a partial prefill needs at least one layer, got {layers}")
+    hook = None
+    if layers is not None and layers < total:
+        def stop(*_):
+            raise _StopForward
+
+        hook = decoder.layers[layers - 1].register_forward_hook(stop)
+    try:
+        decoder(input_ids=ids, cache=cache, use_cache=True)
+    except _StopForward:
+        pass
+    finally:
+        if hook is not None:
+            hook.remove()
     positions = torch.arange(len(input_ids))
     keys, values = [], []
     for layer, cached in enumerate(cache.layers):

@@ -141,9 +141,9 @@ def test_resume_computes_only_what_is_missing(data, tmp_path, monkeypatch):
     calls = []
     real = runner.evaluate_example
 
-    def counted(lm, store, hits, example, mode, max_new_tokens):
+    def counted(lm, store, hits, example, mode, *args):
         calls.append(example.id)
-        return real(lm, store, hits, example, mode, max_new_tokens)
+        return real(lm, store, hits, example, mode, *args)
 
     monkeypatch.setattr(runner, "evaluate_example", counted)
     run_eval(limit=3, **args)
@@ -195,19 +195,57 @@ def test_summary_scores_recovery_and_medians():
     assert summarize(closed, wrong)["recovery"] is None  # native scored nothing: no ratio
 
 
-def test_a_changed_translator_is_evaluated_again(data, models, tmp_path, monkeypatch):
+def save_random_linear_translator(models, folder, seed):
+    """A random `linear` translator from the tiny Llama to the tiny Gemma 3, saved where cagkit looks for it."""
     from cagkit.translators import Translator, TranslatorConfig, TranslatorNet, translator_path
 
+    torch.manual_seed(seed)
+    net = TranslatorNet(TranslatorConfig.for_models("linear", models[SOURCE], models[OTHER]))
+    for layer in net.layers:
+        torch.nn.init.normal_(layer.head.weight, std=0.02)
+    Translator(net, "tiny-llama-fp", "tiny-gemma-fp", {}).save(translator_path(SOURCE, OTHER, "linear"))
+
+
+def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeypatch):
+    from cagkit.ask import build_context_cache
+    from cagkit.kvcache import prefill_kv
+
+    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path / "translators"))
+    (tmp_path / "translators").mkdir()
+    save_random_linear_translator(models, tmp_path / "translators", 0)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "paris.txt").write_text(PARIS + " " + PARIS.replace("Paris", "Lyon"))
+    ingest([docs], store=tmp_path / "store", source=SOURCE, chunk_tokens=16, progress=False)
+    lm = models[OTHER]
+    with Store.open(tmp_path / "store") as store:
+        hits = example_hits(store, "Where?", [str((docs / "paris.txt").resolve())], 3, False)
+
+        def layers(mode, k=0):
+            cache = build_context_cache(lm, store, hits, "Where?", mode, k).cache
+            return [layer.keys for layer in cache.layers]
+
+        oracle, linear, mixed, full = layers("oracle"), layers("linear"), layers("linear", 2), layers("linear", 6)
+        for layer in range(6):
+            torch.testing.assert_close(full[layer], oracle[layer])
+            torch.testing.assert_close(mixed[layer], (oracle if layer < 2 else linear)[layer])
+        assert not torch.allclose(linear[3], oracle[3])
+        with pytest.raises(CagkitError, match="recompute-layers"):
+            build_context_cache(lm, store, hits, "Where?", "linear", 7)
+    # A partial prefill gives exactly the bottom layers of a full one.
+    ids = lm.tokenizer(PARIS, add_special_tokens=False)["input_ids"]
+    whole, bottom = prefill_kv(lm.model, ids), prefill_kv(lm.model, ids, layers=2)
+    assert bottom.keys.shape[0] == 2
+    torch.testing.assert_close(bottom.keys, whole.keys[:2])
+    torch.testing.assert_close(bottom.values, whole.values[:2])
+
+
+def test_a_changed_translator_is_evaluated_again(data, models, tmp_path, monkeypatch):
     monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path / "translators"))
     (tmp_path / "translators").mkdir()
 
     def save_translator(seed):
-        torch.manual_seed(seed)
-        cfg = TranslatorConfig.for_models("linear", models[SOURCE], models[OTHER])
-        net = TranslatorNet(cfg)
-        for layer in net.layers:
-            torch.nn.init.normal_(layer.head.weight, std=0.02)
-        Translator(net, "tiny-llama-fp", "tiny-gemma-fp", {}).save(translator_path(SOURCE, OTHER, "linear"))
+        save_random_linear_translator(models, tmp_path / "translators", seed)
 
     args = dict(data=data[0], source=SOURCE, target=OTHER, methods=["native", "linear"], limit=1,
                 store=tmp_path / "store", out=tmp_path / "results.json", max_new_tokens=2)
@@ -218,9 +256,9 @@ def test_a_changed_translator_is_evaluated_again(data, models, tmp_path, monkeyp
     calls = []
     real = runner.evaluate_example
 
-    def counted(lm, store, hits, example, mode, max_new_tokens):
+    def counted(lm, store, hits, example, mode, *args):
         calls.append(mode)
-        return real(lm, store, hits, example, mode, max_new_tokens)
+        return real(lm, store, hits, example, mode, *args)
 
     monkeypatch.setattr(runner, "evaluate_example", counted)
     run_eval(**args)

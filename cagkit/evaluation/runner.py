@@ -65,6 +65,7 @@ def run_eval(
     max_new_tokens: int = 24,
     store: str | Path | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    recompute_layers: int = 0,
 ) -> Path:
     """Evaluate `methods` on the questions of `data` and write the results JSON; returns its path.
 
@@ -81,6 +82,8 @@ def run_eval(
         max_new_tokens: the longest generated answer, in tokens.
         store: the store to ingest into (default `results/stores/<data stem>-<source>`).
         chunk_tokens: the most source tokens per chunk, for a new store.
+        recompute_layers: translated methods get the target's own bottom this many layers (`cagkit.ask`);
+            recorded in the settings only when not 0.
     """
     methods = _check_methods(methods)
     if top_k < 1:
@@ -101,12 +104,14 @@ def run_eval(
         settings = {"top_k": top_k, "full_context": full_context, "limit": limit, "max_new_tokens": max_new_tokens,
                     "chunk_tokens": st.settings.chunk_tokens, "store_dtype": st.settings.dtype,
                     "store": str(store_path)}
+        if recompute_layers:
+            settings["recompute_layers"] = recompute_layers
         results = {
             "dataset": str(data), "format": data_format, "source": source_lm.name, "target": target_lm.name,
             "fingerprints": {"source": source_lm.fingerprint, "target": target_lm.fingerprint},
             "settings": settings,
             "command": _command(data, data_format, source, target, methods, limit, top_k, full_context,
-                                max_new_tokens, store, out),
+                                max_new_tokens, store, out, recompute_layers),
             "ttft": "from after retrieval to the first answer token's logits",
             "complete": False,
             "methods": {},
@@ -142,7 +147,7 @@ def run_eval(
             line = []
             for m in todo:
                 record = evaluate_example(models[m], st, [] if m == "none" else hits, example, _mode(m),
-                                          max_new_tokens)
+                                          max_new_tokens, recompute_layers)
                 records[m].append(record)
                 done[m].add(example.id)
                 line.append(f"{m} {_quality_text(record)} {record['ttft_ms']:.0f} ms")
@@ -195,11 +200,12 @@ def example_hits(store: Store, question: str, doc_paths: list[str], top_k: int, 
 
 
 def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str,
-                     max_new_tokens: int) -> dict:
+                     max_new_tokens: int, recompute_layers: int = 0) -> dict:
     """One method's record for one question: its prediction, scores and timings."""
     if example.choices is not None:
-        return _closed_set_record(lm, store, hits, example, mode)
-    answer = answer_from_chunks(lm, store, hits, example.question, mode, max_new_tokens)
+        return _closed_set_record(lm, store, hits, example, mode, recompute_layers)
+    answer = answer_from_chunks(lm, store, hits, example.question, mode, max_new_tokens,
+                                recompute_layers=recompute_layers)
     return {
         "id": example.id,
         "prediction": answer.answer,
@@ -211,9 +217,10 @@ def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Ex
     }
 
 
-def _closed_set_record(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str) -> dict:
+def _closed_set_record(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str,
+                       recompute_layers: int = 0) -> dict:
     started = time.perf_counter()
-    context = build_context_cache(lm, store, hits, example.question, mode)
+    context = build_context_cache(lm, store, hits, example.question, mode, recompute_layers)
     scores, first_token_at = score_choices(lm, context, example.choices)
     chosen = max(range(len(scores)), key=scores.__getitem__)
     return {
@@ -382,7 +389,7 @@ def _documents_dir(store: Path) -> Path:
 
 
 def _command(data, data_format, source, target, methods, limit, top_k, full_context, max_new_tokens, store,
-             out) -> str:
+             out, recompute_layers=0) -> str:
     args = ["cagkit", "eval", "--data", str(data), "--format", data_format, "--source", source, "--target", target,
             "--methods", ",".join(methods), "--top-k", str(top_k), "--max-new-tokens", str(max_new_tokens)]
     if limit is not None:
@@ -391,6 +398,8 @@ def _command(data, data_format, source, target, methods, limit, top_k, full_cont
         args.append("--full-context")
     if store is not None:
         args += ["--store", str(store)]
+    if recompute_layers:
+        args += ["--recompute-layers", str(recompute_layers)]
     return shlex.join(args + ["--out", str(out)])
 
 
