@@ -72,7 +72,9 @@ def generate(
     """
     stops = stop_ids(lm)
     start = time.perf_counter()
-    logits = lm.model(input_ids=torch.tensor([input_ids]), cache=cache, use_cache=True).logits[0, -1]
+    # Only the last position's logits are needed: the LM head over every prompt token would cost more than the
+    # prefill itself for a large vocabulary (Gemma 3 has 262k tokens).
+    logits = lm.model(input_ids=torch.tensor([input_ids]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
     prefill_s = time.perf_counter() - start
     first_token_at = time.perf_counter()
     out: list[int] = []

@@ -244,7 +244,8 @@ def score_choices(lm: LoadedModel, context, choices: list[str]) -> tuple[list[fl
     on its own copy of the cache.
     """
     model = lm.model
-    last = model(input_ids=torch.tensor([context.pending_ids]), cache=context.cache, use_cache=True).logits[0, -1]
+    last = model(input_ids=torch.tensor([context.pending_ids]), cache=context.cache, use_cache=True,
+                 logits_to_keep=1).logits[0, -1]
     first_token_at = time.perf_counter()
     # A base prompt ends "Answer:", a chat prompt with a newline: the choice follows as it would be written.
     lead = "" if lm.tokenizer.decode(context.pending_ids[-1:])[-1:].isspace() else " "
