@@ -21,10 +21,10 @@ class ScriptedModel(torch.nn.Module):
         self.generation_config = SimpleNamespace(eos_token_id=eos)
         self.calls = 0
 
-    def forward(self, input_ids, cache=None, use_cache=True):
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0):
         token = self.script[self.calls] if self.calls < len(self.script) else self.generation_config.eos_token_id
         self.calls += 1
-        logits = torch.zeros(1, input_ids.shape[1], self.vocab)
+        logits = torch.zeros(1, logits_to_keep or input_ids.shape[1], self.vocab)
         logits[0, -1, token] = 1.0
         return SimpleNamespace(logits=logits)
 
