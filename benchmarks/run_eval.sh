@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LIMIT="${LIMIT:-50}"
+LIMIT="${LIMIT:-100}"
 DATA="${CAGKIT_DATA:-../shared/data}/eval"  # the shared public data sets, not committed here
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 
@@ -21,11 +21,13 @@ cagkit eval --data "$DATA/squad_v2/dev-v2.0.part-a.json" --source smollm2 --targ
   --methods native,none,source --limit "$LIMIT" --out results/squad_v2-smollm2-smollm2.json
 
 # Every method, smollm2's stored cache answered by gemma and by qwen: both_targets NAME FILE [extra flags].
+# `oracle` (the target's own per-chunk caches) is the ceiling of every translated method on this store layout.
+METHODS="native,none,source,linear,projector,mot,oracle"
 both_targets() {
   local name=$1 file=$2
   shift 2
   for target in gemma qwen; do
-    cagkit eval --data "$DATA/$file" --source smollm2 --target "$target" \
+    cagkit eval --data "$DATA/$file" --source smollm2 --target "$target" --methods "$METHODS" \
       --limit "$LIMIT" "$@" --out "results/$name-smollm2-$target.json"
   done
 }
@@ -40,7 +42,10 @@ both_targets leval_quality leval/quality.part-a.jsonl
 both_targets leval_tpo leval/tpo.part-a.jsonl
 
 # Short articles (about 350 tokens): RACE, closed-set, the whole article as context.
-both_targets race race/race.jsonl --full-context
+LIMIT="${RACE_LIMIT:-200}" both_targets race race/race.jsonl --full-context
+
+# Injection depth: quality and TTFT as the target recomputes 0..L of its bottom layers over each chunk.
+python benchmarks/injection_depth.py --target gemma --depths 0,2,4,9,18 --limit 30
 
 cagkit report results/squad_v2-*.json results/hotpotqa-*.json results/leval_*.json results/race-*.json \
   --out BENCHMARKS.md --plots docs/plots
