@@ -268,3 +268,7 @@ def test_a_changed_translator_is_evaluated_again(data, models, tmp_path, monkeyp
     assert calls == ["linear"]  # native's record stands; linear's came from the old checkpoint
     again = json.loads((tmp_path / "results.json").read_text())["methods"]["linear"]
     assert again["n"] == 1 and again["translator"] != first["translator"]
+    # A run of one method keeps the others' records, and the recorded command reproduces all of them.
+    run_eval(**{**args, "methods": ["linear"]})
+    run = json.loads((tmp_path / "results.json").read_text())
+    assert run["methods"]["native"]["n"] == 1 and "--methods native,linear " in run["command"]

@@ -137,6 +137,10 @@ def run_eval(
             if m not in methods and "examples" in entry:
                 about[m] = {k: entry[k] for k in ("model", "kv_bytes_per_token", "translator") if k in entry}
         records = {m: list(previous.get(m, {}).get("examples", [])) for m in about if m not in errors}
+        # The command that reproduces the whole file: every method it holds, not only this run's.
+        held = [m for m in METHODS if m in about]
+        results["command"] = _command(data, data_format, source, target, held, limit, top_k, full_context,
+                                      max_new_tokens, store, out, recompute_layers)
         done = {m: {r["id"] for r in records[m]} for m in active}
 
         for number, (example, paths) in enumerate(zip(examples, doc_paths), start=1):
