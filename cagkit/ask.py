@@ -158,8 +158,11 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         return ContextCache(cache, prefix_ids + context_ids + suffix_ids, len(context_ids), loaded_at, 0.0, mode)
     stored = [store.load_chunk(h.chunk_id) for h in placed]
     loaded_at = time.perf_counter()
-    kvs = [chunk_alone_kv(lm, c.text) for c in stored] if mode == "oracle" else _target_kv(lm, store, stored, mode)
-    if recompute_layers and mode != "oracle" and not _same_model(lm, store):
+    if mode == "oracle" or (recompute_layers == lm.num_layers and not _same_model(lm, store)):
+        kvs = [chunk_alone_kv(lm, c.text) for c in stored]  # every layer the target's own: nothing to translate
+    else:
+        kvs = _target_kv(lm, store, stored, mode)
+    if 0 < recompute_layers < lm.num_layers and mode != "oracle" and not _same_model(lm, store):
         kvs = [_recompute_bottom(lm, c.text, kv, recompute_layers) for c, kv in zip(stored, kvs)]
     translate_s = time.perf_counter() - loaded_at
     cache = prefix_cache(lm.model, prefix_ids)
