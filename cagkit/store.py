@@ -129,7 +129,7 @@ class Store:
         conn = _connect(manifest)
         settings = _read_settings(conn, manifest)
         if settings is None:
-            raise StoreError(f"store {path} has no settings (an ingest was interrupted before its first document); run `cagkit ingest DOCS --store {path}`")
+            raise StoreError(f"store {path} has no settings yet (an ingest is creating it, or was interrupted before its first document); run `cagkit ingest DOCS --store {path}`")
         return cls(path, conn, settings)
 
     @classmethod
