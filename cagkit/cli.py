@@ -96,7 +96,7 @@ def _cmd_eval(args) -> int:
 def _cmd_report(args) -> int:
     from cagkit.evaluation.report import write_report
 
-    write_report([Path(p) for p in args.results], Path(args.out), Path(args.plots))
+    write_report([Path(p) for p in args.results], Path(args.out), Path(args.plots), note=args.note)
     print(f"wrote {args.out}")
     return 0
 
@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results", nargs="+")
     p.add_argument("--out", default="BENCHMARKS.md")
     p.add_argument("--plots", default="docs/plots")
+    p.add_argument("--note", default=None, help="a paragraph under the title: how and where the runs were made")
     p.set_defaults(func=_cmd_report)
     return parser
 

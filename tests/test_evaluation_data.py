@@ -364,8 +364,9 @@ def fake_results(tmp_path: Path) -> list[Path]:
 def test_report_tables_and_plots(tmp_path):
     pytest.importorskip("matplotlib", reason="charts need the optional 'report' extra (matplotlib)")
     out_md, plots = tmp_path / "BENCHMARKS.md", tmp_path / "plots"
-    write_report(fake_results(tmp_path), out_md, plots)
+    write_report(fake_results(tmp_path), out_md, plots, note="Measured on a test machine.")
     text = out_md.read_text()
+    assert text.startswith("# cagkit eval results\n\nMeasured on a test machine.\n\n")
     assert ("| method | F1 | EM | recovery vs native | median TTFT ms | median translate ms "
             "| KV bytes / context token | n |") in text
     assert "| native | 0.310 | 0.200 | 100% | 812 | 0.0 | 36,864 | 50 |" in text

@@ -46,8 +46,9 @@ _MARKERS = "osD^vPX*"
 _DASH = "—"
 
 
-def write_report(result_paths: list[Path], out_md: Path, plots_dir: Path) -> None:
-    """Write `out_md` (one table per results file) and two PNG charts into `plots_dir`."""
+def write_report(result_paths: list[Path], out_md: Path, plots_dir: Path, note: str | None = None) -> None:
+    """Write `out_md` (one table per results file) and two PNG charts into `plots_dir`; `note`, if given, is a
+    paragraph under the title (how and where the runs were made)."""
     if not result_paths:
         raise CagkitError("no results files to report on; pass the JSON files written by `cagkit eval`")
     runs = [_load_results(Path(path)) for path in result_paths]
@@ -61,6 +62,7 @@ def write_report(result_paths: list[Path], out_md: Path, plots_dir: Path) -> Non
     lines = [
         "# cagkit eval results",
         "",
+        *([note.strip(), ""] if note and note.strip() else []),
         f"![Quality per pair and method]({_relative(plots_dir / _BAR_CHART, out_md)})",
         "",
         f"![Quality against median time to first token]({_relative(plots_dir / _SCATTER, out_md)})",
