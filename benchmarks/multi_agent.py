@@ -245,7 +245,7 @@ def main() -> int:
     import torch
 
     from cagkit.evaluation.datasets import detect_format, load_examples
-    from cagkit.evaluation.runner import _documents_dir, example_hits, write_documents
+    from cagkit.evaluation.runner import _documents_dir, example_hits, write_documents, write_json_atomic
     from cagkit.ingest import ingest
     from cagkit.models import load_model
     from cagkit.store import DTYPES, Store
@@ -317,7 +317,7 @@ def main() -> int:
             results["questions"].append(record)
             results["summary"] = summarize(results)
             results["wall_s"] = time.perf_counter() - wall_start
-            _write_atomic(out, results)
+            write_json_atomic(out, results)
             _log(f"[{number}/{len(examples)}] {example.id} ({record['seconds']:.0f} s, "
                  f"{sum(pool.calls.values())} scorings): " + " | ".join(
                      f"{s} N=1..{args.agents} " + "".join("+" if record["by_n"][s][str(n)]["correct"] else "-"
@@ -325,7 +325,7 @@ def main() -> int:
         results["summary"] = summarize(results)
         results["complete"] = {e.id for e in examples} <= {q["id"] for q in results["questions"]}
         results["wall_s"] = time.perf_counter() - wall_start
-        _write_atomic(out, results)
+        write_json_atomic(out, results)
     write_plot(results, plot)
     _print_table(results)
     _log(f"wrote {out} and {plot}")
@@ -453,13 +453,6 @@ def _load_previous(out: Path, results: dict) -> dict:
                          "pass another --out or remove it")
     _log(f"resuming {out} ({len(old.get('questions', []))} questions done)")
     return old
-
-
-def _write_atomic(path: Path, results: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _log(message: str) -> None:

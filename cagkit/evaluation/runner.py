@@ -157,11 +157,11 @@ def run_eval(
                 line.append(f"{m} {_quality_text(record)} {record['ttft_ms']:.0f} ms")
             _log(f"[{number}/{len(examples)}] {example.id}: " + " | ".join(line))
             results["methods"] = _summaries(records, errors, about)
-            _write_atomic(out, results)
+            write_json_atomic(out, results)
 
         results["methods"] = _summaries(records, errors, about)
         results["complete"] = not errors and all({e.id for e in examples} <= done[m] for m in active)
-        _write_atomic(out, results)
+        write_json_atomic(out, results)
     return out
 
 
@@ -381,7 +381,8 @@ def _identity(results: dict) -> dict:
     return {**{k: results.get(k) for k in keys}, **settings}
 
 
-def _write_atomic(path: Path, results: dict) -> None:
+def write_json_atomic(path: Path, results: dict) -> None:
+    """Write `results` as JSON to `path` through a temporary file, so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(results, indent=1), encoding="utf-8")
