@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from cagkit.blend import blend as blend_chunks
 from cagkit.embeddings import embed
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
@@ -19,6 +20,36 @@ from cagkit.rope import RotaryTables
 from cagkit.store import DEFAULT_STORE, Hit, Store, StoredChunk
 
 MODES = ("mot", "native", "linear", "projector", "oracle")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How stored or translated chunks become the target's context: the ask-time trade of speed for quality.
+
+    recompute_layers: translated modes only: the target recomputes its bottom this many layers over each chunk
+        alone (about this share of a native prefill) and only the layers above are translated.
+    blend: the share of context tokens the target recomputes through every layer with attention over all the
+        retrieved chunks (`cagkit.blend`), after prefilling its bottom two layers over them jointly; it restores
+        the cross-chunk attention that chunks stored one at a time never had. 0 = off, 1 = a joint prefill.
+    """
+
+    recompute_layers: int = 0
+    blend: float = 0.0
+
+    def check(self, lm: LoadedModel) -> None:
+        if not 0 <= self.recompute_layers <= lm.num_layers:
+            raise CagkitError(f"--recompute-layers must be between 0 and {lm.num_layers} for {lm.name}, "
+                              f"got {self.recompute_layers}")
+        if not 0.0 <= self.blend <= 1.0:
+            raise CagkitError(f"--blend must be a share of the context tokens between 0 and 1, got {self.blend}")
+
+    def settings(self) -> dict:
+        """The options that differ from the defaults, for a results file."""
+        return {k: v for k, v in asdict(self).items() if v != getattr(Placement(), k)}
+
+    def cli_args(self) -> list[str]:
+        """The `cagkit ask` / `cagkit eval` options that reproduce this placement."""
+        return [arg for k, v in self.settings().items() for arg in (f"--{k.replace('_', '-')}", str(v))]
 
 
 @dataclass
@@ -53,6 +84,7 @@ def ask(
     max_new_tokens: int = 64,
     on_text: Callable[[str], None] | None = None,
     recompute_layers: int = 0,
+    blend: float = 0.0,
 ) -> Answer:
     """Answer `question` from the documents in `store` with `model`.
 
@@ -72,6 +104,8 @@ def ask(
         recompute_layers: with a translated mode, the target recomputes its bottom this many layers over each
             chunk (a partial prefill, about this share of a native one) and only the layers above are
             translated (the injection depth; 0 = the translator's default).
+        blend: the share of context tokens the target recomputes with attention across all retrieved chunks
+            (see `Placement`); 0 = off.
     """
     if mode not in MODES:
         raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
@@ -84,7 +118,7 @@ def ask(
         hits = retrieve(opened, question, top_k)
         t1 = time.perf_counter()
         return answer_from_chunks(lm, opened, hits, question, mode, max_new_tokens, on_text, started=t0, retrieved=t1,
-                                  recompute_layers=recompute_layers)
+                                  placement=Placement(recompute_layers, blend))
     finally:
         if opened is not store:
             opened.close()
@@ -100,7 +134,7 @@ def answer_from_chunks(
     on_text: Callable[[str], None] | None = None,
     started: float | None = None,
     retrieved: float | None = None,
-    recompute_layers: int = 0,
+    placement: Placement = Placement(),
 ) -> Answer:
     """Answer `question` with `lm` from the given retrieved chunks (the part of `ask` after retrieval).
 
@@ -108,7 +142,7 @@ def answer_from_chunks(
     """
     started = started or time.perf_counter()
     retrieved = retrieved or started
-    context = build_context_cache(lm, store, hits, question, mode, recompute_layers)
+    context = build_context_cache(lm, store, hits, question, mode, placement)
     gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text)
     end = time.perf_counter()
     decoded = max(len(gen.token_ids) - 1, 0)
@@ -138,16 +172,17 @@ class ContextCache:
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
-                        recompute_layers: int = 0) -> ContextCache:
+                        placement: Placement = Placement()) -> ContextCache:
     """Bring the chunks of `hits` into `lm`'s cache for `question`, stopping before the question is prefilled.
 
     The chunks are placed in document order, whatever their scores, so text that belongs together reads in order.
     Native mode leaves the cache empty and the whole prompt pending, as a target without cagkit would read it.
-    `recompute_layers` (translated modes only) replaces the bottom layers of each translated chunk with the
-    target's own partial prefill of the chunk; its time counts as translation.
+    `placement.recompute_layers` (translated modes only) replaces the bottom layers of each translated chunk with
+    the target's own partial prefill of the chunk; `placement.blend` then repairs cross-chunk attention (every
+    mode but native). Their time counts as translation.
     """
-    if not 0 <= recompute_layers <= lm.num_layers:
-        raise CagkitError(f"--recompute-layers must be between 0 and {lm.num_layers} for {lm.name}, got {recompute_layers}")
+    placement.check(lm)
+    recompute_layers = placement.recompute_layers
     prefix_ids, suffix_ids = prompt_parts(lm, question)
     placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
     if mode == "native":
@@ -159,14 +194,19 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     stored = [store.load_chunk(h.chunk_id) for h in placed]
     loaded_at = time.perf_counter()
     if mode == "oracle" or (recompute_layers == lm.num_layers and not _same_model(lm, store)):
-        kvs = [chunk_alone_kv(lm, c.text) for c in stored]  # every layer the target's own: nothing to translate
+        # every layer the target's own: nothing to translate
+        ids = [lm.tokenizer(c.text, add_special_tokens=False)["input_ids"] for c in stored]
+        kvs = [chunk_alone_kv(lm, c.text) for c in stored]
     else:
-        kvs = _target_kv(lm, store, stored, mode)
+        kvs, ids = _target_kv(lm, store, stored, mode)
     if 0 < recompute_layers < lm.num_layers and mode != "oracle" and not _same_model(lm, store):
         kvs = [_recompute_bottom(lm, c.text, kv, recompute_layers) for c, kv in zip(stored, kvs)]
+    tables = RotaryTables(lm.model)
+    if placement.blend:
+        kvs = blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables)
     translate_s = time.perf_counter() - loaded_at
     cache = prefix_cache(lm.model, prefix_ids)
-    place_chunks(lm.model, cache, kvs, RotaryTables(lm.model))
+    place_chunks(lm.model, cache, kvs, tables)
     used = "reuse" if _same_model(lm, store) and mode != "oracle" else mode
     return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, translate_s, used)
 
@@ -202,11 +242,13 @@ def _same_model(lm: LoadedModel, store: Store) -> bool:
     return lm.fingerprint == store.settings.source_fingerprint
 
 
-def _target_kv(lm: LoadedModel, store: Store, chunks: list[StoredChunk], kind: str) -> list[ChunkKV]:
-    """The chunks' KV in the target's cache space: as stored for the source model, else translated."""
+def _target_kv(lm: LoadedModel, store: Store, chunks: list[StoredChunk], kind: str) -> tuple[list[ChunkKV], list[list[int]]]:
+    """The chunks' KV in the target's cache space and their target token ids: as stored for the source model,
+    else translated."""
     if _same_model(lm, store):
-        return [c.kv for c in chunks]
+        return [c.kv for c in chunks], [list(c.token_ids) for c in chunks]
     from cagkit.translators import load_translator
 
     translator = load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=kind)
-    return [translator.translate(c.kv, c.token_ids, c.offsets, c.text, lm)[0] for c in chunks]
+    pairs = [translator.translate(c.kv, c.token_ids, c.offsets, c.text, lm) for c in chunks]
+    return [kv for kv, _ in pairs], [list(ids) for _, ids in pairs]

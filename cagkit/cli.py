@@ -35,7 +35,8 @@ def _cmd_ask(args) -> int:
 
     stream = None if args.json else (lambda piece: print(piece, end="", flush=True))
     result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
-                 max_new_tokens=args.max_new_tokens, on_text=stream, recompute_layers=args.recompute_layers)
+                 max_new_tokens=args.max_new_tokens, on_text=stream, recompute_layers=args.recompute_layers,
+                 blend=args.blend)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -88,7 +89,7 @@ def _cmd_eval(args) -> int:
     out = run_eval(data=args.data, source=args.source, target=args.target, methods=args.methods.split(","),
                    limit=args.limit, top_k=args.top_k, full_context=args.full_context, out=args.out,
                    data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store,
-                   recompute_layers=args.recompute_layers)
+                   recompute_layers=args.recompute_layers, blend=args.blend)
     print(f"wrote {out}")
     return 0
 
@@ -131,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-layers", type=int, default=0, metavar="K",
                    help="translated modes: the target recomputes its bottom K layers over each chunk (about K/L of "
                         "a native prefill) and only the layers above are translated (default: %(default)s)")
+    p.add_argument("--blend", type=float, default=0.0, metavar="R",
+                   help="recompute this share of the context tokens with attention across all retrieved chunks, "
+                        "which chunks stored one at a time never had (0 to 1; costs about R + 2/L of a native "
+                        "prefill; default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object with answer, sources and timings")
     p.set_defaults(func=_cmd_ask)
@@ -168,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-layers", type=int, default=0, metavar="K",
                    help="translated modes: the target recomputes its bottom K layers over each chunk (about K/L of "
                         "a native prefill) and only the layers above are translated (default: %(default)s)")
+    p.add_argument("--blend", type=float, default=0.0, metavar="R",
+                   help="recompute this share of the context tokens with attention across all retrieved chunks, "
+                        "which chunks stored one at a time never had (0 to 1; costs about R + 2/L of a native "
+                        "prefill; default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--store", default=None, help="store to ingest the documents into (default: a fresh one under results/)")
     p.add_argument("--out", default=None, help="results JSON (default: results/<data>-<source>-<target>.json)")

@@ -207,7 +207,7 @@ def save_random_linear_translator(models, folder, seed):
 
 
 def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeypatch):
-    from cagkit.ask import build_context_cache
+    from cagkit.ask import Placement, build_context_cache
     from cagkit.kvcache import prefill_kv
 
     monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path / "translators"))
@@ -222,7 +222,7 @@ def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeyp
         hits = example_hits(store, "Where?", [str((docs / "paris.txt").resolve())], 3, False)
 
         def layers(mode, k=0):
-            cache = build_context_cache(lm, store, hits, "Where?", mode, k).cache
+            cache = build_context_cache(lm, store, hits, "Where?", mode, Placement(recompute_layers=k)).cache
             return [layer.keys for layer in cache.layers]
 
         oracle, linear, mixed, full = layers("oracle"), layers("linear"), layers("linear", 2), layers("linear", 6)
@@ -231,7 +231,9 @@ def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeyp
             torch.testing.assert_close(mixed[layer], (oracle if layer < 2 else linear)[layer])
         assert not torch.allclose(linear[3], oracle[3])
         with pytest.raises(CagkitError, match="recompute-layers"):
-            build_context_cache(lm, store, hits, "Where?", "linear", 7)
+            build_context_cache(lm, store, hits, "Where?", "linear", Placement(recompute_layers=7))
+        with pytest.raises(CagkitError, match="--blend"):
+            build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=-0.1))
     # A partial prefill gives exactly the bottom layers of a full one.
     ids = lm.tokenizer(PARIS, add_special_tokens=False)["input_ids"]
     whole, bottom = prefill_kv(lm.model, ids), prefill_kv(lm.model, ids, layers=2)
@@ -272,3 +274,42 @@ def test_a_changed_translator_is_evaluated_again(data, models, tmp_path, monkeyp
     run_eval(**{**args, "methods": ["linear"]})
     run = json.loads((tmp_path / "results.json").read_text())
     assert run["methods"]["native"]["n"] == 1 and "--methods native,linear " in run["command"]
+
+
+def test_blend_one_gives_the_target_s_joint_prefill_of_the_chunks(models, tmp_path, monkeypatch):
+    """Blending every token of translated chunks is a native prefill of the chunks side by side; a run records
+    the blend in its settings and command, and refuses to mix it into a results file without one."""
+    from cagkit.ask import Placement, build_context_cache
+    from cagkit.generation import prompt_parts
+    from cagkit.kvcache import prefix_cache
+
+    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path / "translators"))
+    (tmp_path / "translators").mkdir()
+    save_random_linear_translator(models, tmp_path / "translators", 0)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "paris.txt").write_text(PARIS + " " + PARIS.replace("Paris", "Lyon"))
+    ingest([docs], store=tmp_path / "store", source=SOURCE, chunk_tokens=16, progress=False)
+    lm = models[OTHER]
+    with Store.open(tmp_path / "store") as store:
+        hits = example_hits(store, "Where?", [str((docs / "paris.txt").resolve())], 3, False)
+        blended = build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=1.0))
+        plain = build_context_cache(lm, store, hits, "Where?", "linear")
+        placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
+        ids = [t for h in placed for t in lm.tokenizer(h.text, add_special_tokens=False)["input_ids"]]
+    prefix_ids, _ = prompt_parts(lm, "Where?")
+    joint = prefix_cache(lm.model, prefix_ids + ids)
+    for mine, native, translated in zip(blended.cache.layers, joint.layers, plain.cache.layers):
+        torch.testing.assert_close(mine.keys, native.keys, atol=2e-4, rtol=1e-3)
+        torch.testing.assert_close(mine.values, native.values, atol=2e-4, rtol=1e-3)
+    assert not torch.allclose(plain.cache.layers[3].keys, joint.layers[3].keys, atol=1e-3)
+
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"id": "q1", "question": "Where?", "answers": ["Paris"], "context": PARIS}) + "\n")
+    args = dict(data=data, source=SOURCE, target=OTHER, methods=["linear"], store=tmp_path / "store2",
+                out=tmp_path / "results.json", max_new_tokens=2)
+    run_eval(**args, blend=0.5)
+    run = json.loads((tmp_path / "results.json").read_text())
+    assert run["settings"]["blend"] == 0.5 and "--blend 0.5" in run["command"]
+    with pytest.raises(CagkitError, match="blend"):
+        run_eval(**args)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from cagkit.ask import answer_from_chunks, build_context_cache
+from cagkit.ask import Placement, answer_from_chunks, build_context_cache
 from cagkit.embeddings import embed
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
@@ -66,6 +66,7 @@ def run_eval(
     store: str | Path | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     recompute_layers: int = 0,
+    blend: float = 0.0,
 ) -> Path:
     """Evaluate `methods` on the questions of `data` and write the results JSON; returns its path.
 
@@ -84,7 +85,10 @@ def run_eval(
         chunk_tokens: the most source tokens per chunk, for a new store.
         recompute_layers: translated methods get the target's own bottom this many layers (`cagkit.ask`);
             recorded in the settings only when not 0.
+        blend: every method that places chunks (all but native, none and source) has this share of the context
+            tokens recomputed across chunks (`cagkit.blend`); recorded in the settings only when not 0.
     """
+    placement = Placement(recompute_layers, blend)
     methods = _check_methods(methods)
     if top_k < 1:
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
@@ -104,14 +108,13 @@ def run_eval(
         settings = {"top_k": top_k, "full_context": full_context, "limit": limit, "max_new_tokens": max_new_tokens,
                     "chunk_tokens": st.settings.chunk_tokens, "store_dtype": st.settings.dtype,
                     "store": str(store_path)}
-        if recompute_layers:
-            settings["recompute_layers"] = recompute_layers
+        settings.update(placement.settings())
         results = {
             "dataset": str(data), "format": data_format, "source": source_lm.name, "target": target_lm.name,
             "fingerprints": {"source": source_lm.fingerprint, "target": target_lm.fingerprint},
             "settings": settings,
             "command": _command(data, data_format, source, target, methods, limit, top_k, full_context,
-                                max_new_tokens, store, out, recompute_layers),
+                                max_new_tokens, store, out, placement),
             "ttft": "from after retrieval to the first answer token's logits",
             "complete": False,
             "methods": {},
@@ -140,7 +143,7 @@ def run_eval(
         # The command that reproduces the whole file: every method it holds, not only this run's.
         held = [m for m in METHODS if m in about]
         results["command"] = _command(data, data_format, source, target, held, limit, top_k, full_context,
-                                      max_new_tokens, store, out, recompute_layers)
+                                      max_new_tokens, store, out, placement)
         done = {m: {r["id"] for r in records[m]} for m in active}
 
         for number, (example, paths) in enumerate(zip(examples, doc_paths), start=1):
@@ -151,7 +154,7 @@ def run_eval(
             line = []
             for m in todo:
                 record = evaluate_example(models[m], st, [] if m == "none" else hits, example, _mode(m),
-                                          max_new_tokens, recompute_layers)
+                                          max_new_tokens, placement)
                 records[m].append(record)
                 done[m].add(example.id)
                 line.append(f"{m} {_quality_text(record)} {record['ttft_ms']:.0f} ms")
@@ -204,12 +207,11 @@ def example_hits(store: Store, question: str, doc_paths: list[str], top_k: int, 
 
 
 def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str,
-                     max_new_tokens: int, recompute_layers: int = 0) -> dict:
+                     max_new_tokens: int, placement: Placement = Placement()) -> dict:
     """One method's record for one question: its prediction, scores and timings."""
     if example.choices is not None:
-        return _closed_set_record(lm, store, hits, example, mode, recompute_layers)
-    answer = answer_from_chunks(lm, store, hits, example.question, mode, max_new_tokens,
-                                recompute_layers=recompute_layers)
+        return _closed_set_record(lm, store, hits, example, mode, placement)
+    answer = answer_from_chunks(lm, store, hits, example.question, mode, max_new_tokens, placement=placement)
     return {
         "id": example.id,
         "prediction": answer.answer,
@@ -222,9 +224,9 @@ def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Ex
 
 
 def _closed_set_record(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str,
-                       recompute_layers: int = 0) -> dict:
+                       placement: Placement = Placement()) -> dict:
     started = time.perf_counter()
-    context = build_context_cache(lm, store, hits, example.question, mode, recompute_layers)
+    context = build_context_cache(lm, store, hits, example.question, mode, placement)
     scores, first_token_at = score_choices(lm, context, example.choices)
     chosen = max(range(len(scores)), key=scores.__getitem__)
     return {
@@ -395,7 +397,7 @@ def _documents_dir(store: Path) -> Path:
 
 
 def _command(data, data_format, source, target, methods, limit, top_k, full_context, max_new_tokens, store,
-             out, recompute_layers=0) -> str:
+             out, placement: Placement = Placement()) -> str:
     args = ["cagkit", "eval", "--data", str(data), "--format", data_format, "--source", source, "--target", target,
             "--methods", ",".join(methods), "--top-k", str(top_k), "--max-new-tokens", str(max_new_tokens)]
     if limit is not None:
@@ -404,8 +406,7 @@ def _command(data, data_format, source, target, methods, limit, top_k, full_cont
         args.append("--full-context")
     if store is not None:
         args += ["--store", str(store)]
-    if recompute_layers:
-        args += ["--recompute-layers", str(recompute_layers)]
+    args += placement.cli_args()
     return shlex.join(args + ["--out", str(out)])
 
 

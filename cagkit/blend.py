@@ -1,0 +1,111 @@
+"""Cross-chunk repair of placed KV: recompute a share of the context's tokens with attention over every chunk.
+
+Stored chunks were prefilled one at a time, so no token of a chunk ever attended to another chunk; translated
+chunks add translation error on top. Placing them side by side therefore loses part of what a joint prefill of
+the same text gives (cagkit's `oracle` method measures that loss). `blend` repairs it the way CacheBlend
+(Yao et al., 2024) does, for a small share of the native prefill's cost:
+
+1. the target prefills its bottom two layers over the whole context jointly (2/L of a native prefill); those
+   layers of every token are replaced by the joint, exact KV;
+2. the tokens whose layer-1 KV deviates most between the joint prefill and the placed cache are selected (a
+   `ratio` share of the context);
+3. the target recomputes the selected tokens through every layer in one forward pass, attending to the placed
+   KV of the others and to each other's new KV, and their KV is replaced at every layer.
+
+Everything stays RoPE-free `[L, T, H, D]` (`ChunkKV`), so the repaired chunks are placed as usual afterwards.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv
+from cagkit.rope import RotaryTables, layer_types, remove_rope
+
+JOINT_LAYERS = 2  # bottom layers prefilled jointly; the deviation is measured at the top one of them
+
+
+@torch.no_grad()
+def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[list[int]], ratio: float,
+          tables: RotaryTables | None = None) -> list[ChunkKV]:
+    """`chunks` (placed in this order after `prefix_ids`) with a `ratio` share of their tokens recomputed over the
+    whole context, and their bottom layers prefilled jointly. `chunk_ids`: each chunk's token ids in `model`'s
+    vocabulary, one per KV position. ratio 0 returns `chunks` unchanged; ratio 1 equals a joint prefill."""
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"the blend ratio must be between 0 and 1, got {ratio}")
+    if ratio == 0.0 or not chunks:
+        return chunks
+    for kv, ids in zip(chunks, chunk_ids, strict=True):
+        if kv.num_tokens != len(ids):
+            raise ValueError(f"a chunk has {kv.num_tokens} KV positions but {len(ids)} token ids")
+    tables = tables or RotaryTables(model)
+    sizes = [kv.num_tokens for kv in chunks]
+    keys = torch.cat([kv.keys.float() for kv in chunks], dim=1)  # [L, M, H, D]
+    values = torch.cat([kv.values.float() for kv in chunks], dim=1)
+    num_layers, total = keys.shape[0], keys.shape[1]
+    start = len(prefix_ids)
+    ids = list(prefix_ids) + [t for c in chunk_ids for t in c]
+
+    joint_layers = min(JOINT_LAYERS, num_layers)
+    joint = prefill_kv(model, ids, tables, layers=joint_layers)
+    joint_k, joint_v = joint.keys[:, start:], joint.values[:, start:]
+    top = joint_layers - 1
+    deviation = _relative_error(keys[top], joint_k[top]) + _relative_error(values[top], joint_v[top])
+    keys[:joint_layers], values[:joint_layers] = joint_k, joint_v
+
+    count = max(1, round(ratio * total))
+    chosen = torch.topk(deviation, count).indices.sort().values  # chunk-relative indices
+    if joint_layers < num_layers:
+        new_k, new_v = _recompute(model, ids, start, ChunkKV(keys, values), chosen, tables)
+        keys[joint_layers:, chosen] = new_k[joint_layers:]
+        values[joint_layers:, chosen] = new_v[joint_layers:]
+    return [ChunkKV(k, v) for k, v in zip(keys.split(sizes, dim=1), values.split(sizes, dim=1))]
+
+
+def _relative_error(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """Per token, squared error of [T, H, D] `approx` over the mean squared norm of `exact` -> [T]."""
+    return ((approx - exact) ** 2).sum((-1, -2)) / (exact**2).sum((-1, -2)).mean().clamp_min(1e-12)
+
+
+def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch.Tensor,
+               tables: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE-free KV [L, S, H, D] of the `chosen` context tokens (indices after the prefix) recomputed through
+    every layer over the prefix and the `placed` chunks."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    dtype = next(model.parameters()).dtype
+    cache = DynamicCache()  # config-less: every layer keeps every token, the masks below do the windowing
+    if start:
+        decoder(input_ids=torch.tensor([ids[:start]]), cache=cache, use_cache=True)
+    place_chunks(model, cache, [placed], tables)
+    context = cache.get_seq_length()
+    positions = chosen + start
+    old = torch.arange(context)
+    # Each chosen token sees the earlier tokens' placed KV, except the chosen ones' own old entries, and the
+    # chosen tokens' new KV (appended after the context) up to itself.
+    is_chosen = torch.zeros(context, dtype=torch.bool)
+    is_chosen[positions] = True
+    key_pos = torch.cat([old, positions])
+    allowed = key_pos[None, :] <= positions[:, None]
+    allowed[:, :context] &= ~is_chosen[None, :]
+    config = model.config.get_text_config()
+    masks = {"full_attention": _additive(allowed, dtype)}
+    if "sliding_attention" in layer_types(config):
+        near = positions[:, None] - key_pos[None, :] < config.sliding_window
+        masks["sliding_attention"] = _additive(allowed & near, dtype)
+    mask = masks if len(masks) > 1 else masks["full_attention"]
+    query = torch.tensor([[ids[p] for p in positions.tolist()]])
+    decoder(input_ids=query, position_ids=positions[None], attention_mask=mask, cache=cache, use_cache=True)
+    keys, values = [], []
+    for layer, cached in enumerate(cache.layers):
+        k = cached.keys[0, :, context:].transpose(0, 1).float()  # [H, S, D] -> [S, H, D]
+        cos, sin = tables(layer, positions)
+        keys.append(remove_rope(k, cos, sin))
+        values.append(cached.values[0, :, context:].transpose(0, 1).float())
+    return torch.stack(keys), torch.stack(values)
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A [1, 1, Q, K] additive mask (0 where allowed), which eager and SDPA attention both read."""
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]

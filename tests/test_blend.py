@@ -1,0 +1,66 @@
+"""Cross-chunk repair (`cagkit.blend`) on tiny random models, checked against a joint prefill of the same text."""
+
+import pytest
+import torch
+
+from cagkit.blend import JOINT_LAYERS, blend
+from cagkit.kvcache import ChunkKV, prefill_kv
+from tests.conftest import make_tiny_gemma3, make_tiny_llama
+
+
+def _chunks_and_joint(model, tokenizer):
+    """Three chunks prefilled alone after a sink (as a store holds them) and the joint prefill of all of them."""
+    texts = ["The lighthouse keeper counted ships every night.", " In spring the harbour froze over twice,",
+             " and the keeper's daughter walked across the ice to the island to bring him bread and lamp oil."]
+    sink = [tokenizer.bos_token_id]
+    prefix = sink + tokenizer("Context:\n", add_special_tokens=False)["input_ids"]
+    chunk_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    alone = []
+    for ids in chunk_ids:
+        kv = prefill_kv(model, sink + ids)
+        alone.append(ChunkKV(kv.keys[:, 1:], kv.values[:, 1:]))
+    joint = prefill_kv(model, prefix + [t for c in chunk_ids for t in c])
+    start = len(prefix)
+    return prefix, chunk_ids, alone, ChunkKV(joint.keys[:, start:], joint.values[:, start:])
+
+
+def _error(chunks, joint) -> float:
+    keys = torch.cat([c.keys for c in chunks], 1)
+    values = torch.cat([c.values for c in chunks], 1)
+    return float(((keys - joint.keys) ** 2).mean() + ((values - joint.values) ** 2).mean())
+
+
+@pytest.mark.parametrize("make", [lambda tok: make_tiny_llama(tok, layers=4), make_tiny_gemma3],
+                         ids=["llama", "gemma3-sliding"])
+def test_full_ratio_equals_a_joint_prefill(make, smollm2_tokenizer):
+    model = make(smollm2_tokenizer)
+    prefix, chunk_ids, alone, joint = _chunks_and_joint(model, smollm2_tokenizer)
+    assert sum(len(c) for c in chunk_ids) > 16  # longer than the tiny Gemma's sliding window
+    assert _error(alone, joint) > 1e-4  # chunks prefilled alone do differ from the joint prefill
+    repaired = blend(model, prefix, alone, chunk_ids, 1.0)
+    assert [c.num_tokens for c in repaired] == [len(c) for c in chunk_ids]
+    torch.testing.assert_close(torch.cat([c.keys for c in repaired], 1), joint.keys, atol=2e-4, rtol=1e-3)
+    torch.testing.assert_close(torch.cat([c.values for c in repaired], 1), joint.values, atol=2e-4, rtol=1e-3)
+
+
+def test_partial_ratio_moves_towards_the_joint_prefill(smollm2_tokenizer):
+    model = make_tiny_gemma3(smollm2_tokenizer)
+    prefix, chunk_ids, alone, joint = _chunks_and_joint(model, smollm2_tokenizer)
+    before = _error(alone, joint)
+    quarter = blend(model, prefix, alone, chunk_ids, 0.25)
+    half = blend(model, prefix, alone, chunk_ids, 0.5)
+    assert _error(half, joint) < _error(quarter, joint) < before
+    # the bottom layers come from the joint prefill for every token
+    torch.testing.assert_close(torch.cat([c.keys for c in quarter], 1)[:JOINT_LAYERS], joint.keys[:JOINT_LAYERS])
+    # the input is not modified
+    assert _error(alone, joint) == before
+
+
+def test_zero_ratio_and_bad_input(smollm2_tokenizer):
+    model = make_tiny_llama(smollm2_tokenizer, layers=3)
+    prefix, chunk_ids, alone, _ = _chunks_and_joint(model, smollm2_tokenizer)
+    assert blend(model, prefix, alone, chunk_ids, 0.0) is alone
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        blend(model, prefix, alone, chunk_ids, 1.5)
+    with pytest.raises(ValueError, match="token ids"):
+        blend(model, prefix, alone, [ids[:-1] for ids in chunk_ids], 0.5)
