@@ -43,7 +43,7 @@ from llama_index.core.schema import (
 )
 from llama_index.core.settings import Settings
 
-from cagkit.ask import MODES, Answer, answer_from_chunks, retrieve
+from cagkit.ask import MODES, Answer, Placement, answer_from_chunks, retrieve
 from cagkit.errors import CagkitError
 from cagkit.ingest import IngestReport, ingest_texts
 from cagkit.models import load_model
@@ -116,6 +116,7 @@ class CAGQueryEngine(BaseQueryEngine):
         node_postprocessors: applied to the retrieved nodes before answering, as in RetrieverQueryEngine.
         store: the store the nodes come from; needed only when the retriever is not a CAGRetriever.
         callback_manager: LlamaIndex callbacks (default: `Settings.callback_manager`).
+        placement: ask-time speed/quality options (`cagkit.ask.Placement`: `recompute_layers`, `blend`).
 
     The prompt around the chunks is cagkit's (`cagkit.generation.prompt_parts`), not a LlamaIndex template, because
     the chunks enter the model as KV rather than as prompt text. Response metadata holds the model, the mode, the
@@ -132,6 +133,7 @@ class CAGQueryEngine(BaseQueryEngine):
         node_postprocessors: list[BaseNodePostprocessor] | None = None,
         store: str | Path | Store | None = None,
         callback_manager: CallbackManager | None = None,
+        placement: Placement | None = None,
     ) -> None:
         if mode not in MODES:
             raise CagkitError(f"unknown mode '{mode}'; use one of {', '.join(MODES)}")
@@ -145,6 +147,8 @@ class CAGQueryEngine(BaseQueryEngine):
         self.model = model
         self.lm = load_model(model)
         self.mode = mode
+        self.placement = placement or Placement()
+        self.placement.check(self.lm)
         self.max_new_tokens = max_new_tokens
         self.streaming = streaming
         self._retriever = retriever
@@ -169,7 +173,7 @@ class CAGQueryEngine(BaseQueryEngine):
         """The same engine (model, settings, postprocessors) over another retriever."""
         return CAGQueryEngine(
             retriever, self.model, self.mode, self.max_new_tokens, self.streaming, self._node_postprocessors,
-            getattr(retriever, "store_path", self.store_path), self.callback_manager,
+            getattr(retriever, "store_path", self.store_path), self.callback_manager, self.placement,
         )
 
     def _get_prompt_modules(self) -> dict:
@@ -251,7 +255,8 @@ class CAGQueryEngine(BaseQueryEngine):
         # Opened here, in the thread that generates, for the same sqlite3 reason as in CAGRetriever.
         with Store.open(self.store_path) as store:
             return answer_from_chunks(
-                self.lm, store, hits, question, self.mode, self.max_new_tokens, on_text, started, retrieved
+                self.lm, store, hits, question, self.mode, self.max_new_tokens, on_text, started, retrieved,
+                placement=self.placement,
             )
 
     def _stream(self, hits, question, metadata, started, retrieved) -> Generator[str, None, None]:

@@ -85,7 +85,7 @@ def run_eval(
         chunk_tokens: the most source tokens per chunk, for a new store.
         recompute_layers: translated methods get the target's own bottom this many layers (`cagkit.ask`);
             recorded in the settings only when not 0.
-        blend: every method that places chunks (all but native, none and source) has this share of the context
+        blend: every method that places chunks (all but native and none) has this share of the context
             tokens recomputed across chunks (`cagkit.blend`); recorded in the settings only when not 0.
     """
     placement = Placement(recompute_layers, blend)
