@@ -382,6 +382,18 @@ def test_report_tables_and_plots(tmp_path):
         assert (plots / name).read_bytes().startswith(PNG_SIGNATURE)
 
 
+def test_report_names_placement_options_in_the_run_label(tmp_path):
+    pytest.importorskip("matplotlib", reason="charts need the optional 'report' extra (matplotlib)")
+    plain, blended = fake_results(tmp_path)[0], tmp_path / "blended.json"
+    run = json.loads(plain.read_text())
+    run["settings"]["blend"] = 0.5
+    blended.write_text(json.dumps(run))
+    write_report([plain, blended], tmp_path / "B.md", tmp_path / "plots")
+    text = (tmp_path / "B.md").read_text()
+    assert "## smollm2 → gemma, dev-v2.0.part-a.json\n" in text
+    assert "## smollm2 → gemma, dev-v2.0.part-a.json, blend 0.5\n" in text
+
+
 def test_report_rejects_incomplete_results(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"dataset": "x", "methods": {}}))

@@ -115,8 +115,13 @@ def _method_order(runs: list[dict]) -> list[str]:
     return [m for m in METHOD_ORDER if m in seen] + list(dict.fromkeys(m for m in seen if m not in METHOD_ORDER))
 
 
+_PLACEMENT_KEYS = ("recompute_layers", "blend")  # ask-time options that change every placed method's numbers
+
+
 def _label(run: dict) -> str:
-    return f"{run['source']} → {run['target']}, {Path(run['dataset']).name}"
+    settings = run.get("settings") or {}
+    options = "".join(f", {key.replace('_', ' ')} {settings[key]}" for key in _PLACEMENT_KEYS if settings.get(key))
+    return f"{run['source']} → {run['target']}, {Path(run['dataset']).name}{options}"
 
 
 def _section(run: dict) -> list[str]:
