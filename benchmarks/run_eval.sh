@@ -44,6 +44,12 @@ both_targets leval_tpo leval/tpo.part-a.jsonl
 # Short articles (about 350 tokens): RACE, closed-set, the whole article as context.
 LIMIT="${RACE_LIMIT:-200}" both_targets race race/race.jsonl --full-context
 
+# Cross-chunk repair: every method again on SQuAD with half the context tokens recomputed across chunks.
+for target in gemma qwen; do
+  cagkit eval --data "$DATA/squad_v2/dev-v2.0.part-a.json" --source smollm2 --target "$target" --methods "$METHODS" \
+    --limit "$LIMIT" --blend 0.5 --out "results/squad_v2-smollm2-$target-blend0.5.json"
+done
+
 # Injection depth: quality and TTFT as the target recomputes 0..L of its bottom layers over each chunk.
 python benchmarks/injection_depth.py --target gemma --depths 0,2,4,9,18 --limit 30
 

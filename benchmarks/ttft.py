@@ -3,7 +3,7 @@ against cagkit's stored cache (reused by the source model, MoT-translated for th
 
     python benchmarks/ttft.py [--sizes 512,1024,2048,4096,8192] [--targets smollm2,gemma,qwen] [--repeats 3]
         [--out results/ttft.json] [--continuation-tokens 64] [--points 3] [--no-quality]
-        [--plot docs/plots/long_context.png] [--replot]
+        [--plot docs/plots/long_context.png] [--replot] [--blend R --no-quality]
 
 The context is the first N source tokens of a held-out Gutenberg book from the shared data (`$CAGKIT_DATA`,
 default `../shared/data`), ingested once with the source model: whole stored chunks are taken in order until they
@@ -37,6 +37,9 @@ the context and the C predictions of tokens 2..C+1 are scored, as the translator
 over the full vocabulary, and for cagkit kl_recovery = 1 - KL(cagkit) / KL(none). Native needs one decoder pass
 over prefix + context + continuations per size (timed as `native_decoder_ms`).
 
+`--blend R` times cagkit with cross-chunk repair (`cagkit ask --blend R`: R of the context tokens recomputed over
+every chunk); its quality is not measured here (use `cagkit eval --blend R`), so it needs `--no-quality`.
+
 Results go to `--out` (rewritten after every measurement, so a stopped run keeps what it measured): "rows" (TTFT,
 one per target, size and mode) and "quality" (one per target and size, with the per-point values). `--plot`
 draws TTFT and quality (NLL and KL recovery) against context size. `--replot` redraws the plot and prints the
@@ -55,7 +58,7 @@ from pathlib import Path
 
 import torch
 
-from cagkit.ask import answer_from_chunks
+from cagkit.ask import Placement, answer_from_chunks
 from cagkit.errors import CagkitError
 from cagkit.generation import prompt_parts
 from cagkit.ingest import ingest
@@ -82,7 +85,11 @@ def main() -> int:
     parser.add_argument("--no-quality", action="store_true", help="time only, as before")
     parser.add_argument("--plot", default="docs/plots/long_context.png", help="'' for no plot")
     parser.add_argument("--replot", action="store_true", help="only redraw --plot from --out")
+    parser.add_argument("--blend", type=float, default=0.0, help="cagkit with cross-chunk repair (needs --no-quality)")
     args = parser.parse_args()
+    if args.blend and not args.no_quality:
+        parser.error("--blend times cagkit only; add --no-quality (measure its quality with cagkit eval --blend)")
+    placement = Placement(blend=args.blend)
 
     out = Path(args.out)
     if args.replot:
@@ -101,7 +108,7 @@ def main() -> int:
     ingest([excerpt], store=store_dir, source=args.source, progress=False)
     rows, quality = [], []
     meta = {"source": args.source, "book": args.book, "threads": torch.get_num_threads(), "question": QUESTION,
-            "continuation_tokens": args.continuation_tokens, "points": args.points,
+            "continuation_tokens": args.continuation_tokens, "points": args.points, **placement.settings(),
             "command": "python benchmarks/ttft.py " + " ".join(sys.argv[1:]),
             "started_at": time.strftime("%Y-%m-%d %H:%M")}
     result = {"settings": meta, "rows": rows, "quality": quality}
@@ -121,7 +128,7 @@ def main() -> int:
                 count = context_chunk_count([len(c.token_ids) for c in chunks], size)
                 hits = [Hit(c.chunk_id, c.doc_path, c.idx, c.text, 1.0) for c in chunks[:count]]
                 for mode in ("native", "mot"):
-                    rows.append(_measure(lm, store, hits, mode, size, args.repeats))
+                    rows.append(_measure(lm, store, hits, mode, size, args.repeats, placement))
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                     save()
                 if args.no_quality:
@@ -154,12 +161,12 @@ def context_chunk_count(chunk_tokens: list[int], size: int) -> int:
     return len(chunk_tokens)
 
 
-def _measure(lm, store, hits, mode, size, repeats) -> dict:
+def _measure(lm, store, hits, mode, size, repeats, placement: Placement = Placement()) -> dict:
     runs = []
     used = mode
     for _ in range(repeats + 1):  # the first run warms up and is dropped
         try:
-            answer = answer_from_chunks(lm, store, hits, QUESTION, mode, max_new_tokens=1)
+            answer = answer_from_chunks(lm, store, hits, QUESTION, mode, max_new_tokens=1, placement=placement)
         except CagkitError as exc:
             return {"target": lm.name, "mode": mode, "context_tokens": size, "error": str(exc)}
         runs.append(answer.timings)
@@ -168,6 +175,7 @@ def _measure(lm, store, hits, mode, size, repeats) -> dict:
     return {
         "target": lm.name,
         "mode": used,
+        **({} if mode == "native" else placement.settings()),
         "size": size,
         "context_tokens": answer.context_tokens,
         "ttft_ms": statistics.median(r["ttft_ms"] for r in runs),
@@ -335,6 +343,7 @@ def _print_tables(result: dict) -> None:
     print("| target | mode | context tokens | TTFT ms | load ms | translate ms | prefill ms |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in result["rows"]:
+        r = {**r, "mode": r["mode"] + (f", blend {r['blend']}" if r.get("blend") else "")}
         if "error" in r:
             print(f"| {r['target']} | {r['mode']} | {r['context_tokens']} | error: {r['error'][:60]} | | | |")
         else:
