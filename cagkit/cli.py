@@ -134,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "a native prefill) and only the layers above are translated (default: %(default)s)")
     p.add_argument("--blend", type=float, default=0.0, metavar="R",
                    help="recompute this share of the context tokens with attention across all retrieved chunks, "
-                        "which chunks stored one at a time never had (0 to 1; costs about R + 2/L of a native "
-                        "prefill; default: %(default)s)")
+                        "which chunks stored one at a time never had (0 to 1; slow on CPU: at 0.5 about as long as "
+                        "a native prefill; default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object with answer, sources and timings")
     p.set_defaults(func=_cmd_ask)
@@ -175,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "a native prefill) and only the layers above are translated (default: %(default)s)")
     p.add_argument("--blend", type=float, default=0.0, metavar="R",
                    help="recompute this share of the context tokens with attention across all retrieved chunks, "
-                        "which chunks stored one at a time never had (0 to 1; costs about R + 2/L of a native "
-                        "prefill; default: %(default)s)")
+                        "which chunks stored one at a time never had (0 to 1; slow on CPU: at 0.5 about as long as "
+                        "a native prefill; default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--store", default=None, help="store to ingest the documents into (default: a fresh one under results/)")
     p.add_argument("--out", default=None, help="results JSON (default: results/<data>-<source>-<target>.json)")
