@@ -54,6 +54,29 @@ def test_ask_streams_the_answer_then_sources_and_timings(store, capsys):
     assert "sources:" in out and "notes.md" in out and "first token" in out
 
 
+def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
+    import importlib
+
+    ask_module = importlib.import_module("cagkit.ask")
+    ratios = []
+    real = ask_module.blend_chunks
+
+    def spy(model, prefix_ids, chunks, chunk_ids, ratio, tables=None):
+        ratios.append(ratio)
+        return real(model, prefix_ids, chunks, chunk_ids, ratio, tables)
+
+    monkeypatch.setattr(ask_module, "blend_chunks", spy)
+    question = "Where can a chunk be placed?"
+    capsys.readouterr()
+    assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6",
+                 "--blend", "0.5", "--json"]) == 0
+    assert ratios == [0.5]
+    blended = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["answer"]
+    assert blended == ask(question, store=store, model="tiny-llama", max_new_tokens=6, blend=0.5).answer
+    assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6"]) == 0
+    assert ratios == [0.5, 0.5]  # the default places the chunks as stored
+
+
 @pytest.mark.parametrize(
     "argv, expected",
     [
@@ -61,6 +84,7 @@ def test_ask_streams_the_answer_then_sources_and_timings(store, capsys):
         (["ask", "q?", "--store", "{store}", "--model", "llama-9000"], "unknown model 'llama-9000'"),
         (["ask", "  ", "--store", "{store}", "--model", "tiny-llama"], "the question is empty"),
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--top-k", "0"], "--top-k must be at least 1"),
+        (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--blend", "1.5"], "--blend must be a share"),
         (["ingest", "{tmp}/missing", "--store", "{store}", "--source", "tiny-llama"], "missing"),
     ],
 )
