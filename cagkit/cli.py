@@ -129,13 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mot: translate the stored KV (default); native: the target prefills the chunk text; "
                         "linear/projector: single-path baseline translators; oracle (diagnostic): the target "
                         "prefills each chunk alone, the cache a perfect translator would give")
-    p.add_argument("--recompute-layers", type=int, default=0, metavar="K",
-                   help="translated modes: the target recomputes its bottom K layers over each chunk (about K/L of "
-                        "a native prefill) and only the layers above are translated (default: %(default)s)")
-    p.add_argument("--blend", type=float, default=0.0, metavar="R",
-                   help="recompute this share of the context tokens with attention across all retrieved chunks, "
-                        "which chunks stored one at a time never had (0 to 1; slow on CPU: at 0.5 about as long as "
-                        "a native prefill; default: %(default)s)")
+    _add_placement_options(p)
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object with answer, sources and timings")
     p.set_defaults(func=_cmd_ask)
@@ -170,13 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--full-context", action="store_true", help="give every method the whole context, no retrieval")
-    p.add_argument("--recompute-layers", type=int, default=0, metavar="K",
-                   help="translated modes: the target recomputes its bottom K layers over each chunk (about K/L of "
-                        "a native prefill) and only the layers above are translated (default: %(default)s)")
-    p.add_argument("--blend", type=float, default=0.0, metavar="R",
-                   help="recompute this share of the context tokens with attention across all retrieved chunks, "
-                        "which chunks stored one at a time never had (0 to 1; slow on CPU: at 0.5 about as long as "
-                        "a native prefill; default: %(default)s)")
+    _add_placement_options(p)
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--store", default=None, help="store to ingest the documents into (default: a fresh one under results/)")
     p.add_argument("--out", default=None, help="results JSON (default: results/<data>-<source>-<target>.json)")
@@ -189,6 +177,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--note", default=None, help="a paragraph under the title: how and where the runs were made")
     p.set_defaults(func=_cmd_report)
     return parser
+
+
+def _add_placement_options(p: argparse.ArgumentParser) -> None:
+    """The ask-time speed/quality options (`cagkit.ask.Placement`), shared by ask and eval."""
+    p.add_argument("--recompute-layers", type=int, default=0, metavar="K",
+                   help="translated modes: the target recomputes its bottom K layers over each chunk (about K/L of "
+                        "a native prefill) and only the layers above are translated (default: %(default)s)")
+    p.add_argument("--blend", type=float, default=0.0, metavar="R",
+                   help="recompute this share of the context tokens with attention across all retrieved chunks, "
+                        "which chunks stored one at a time never had (0 to 1; slow on CPU: at 0.5 about as long as "
+                        "a native prefill; default: %(default)s)")
 
 
 def _quiet_libraries() -> None:
