@@ -16,40 +16,11 @@ from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
 from cagkit.models import LoadedModel, load_model
+from cagkit.placement import Placement
 from cagkit.rope import RotaryTables
 from cagkit.store import DEFAULT_STORE, Hit, Store, StoredChunk
 
 MODES = ("mot", "native", "linear", "projector", "oracle")
-
-
-@dataclass(frozen=True)
-class Placement:
-    """How stored or translated chunks become the target's context: the ask-time trade of speed for quality.
-
-    recompute_layers: translated modes only: the target recomputes its bottom this many layers over each chunk
-        alone (about this share of a native prefill) and only the layers above are translated.
-    blend: the share of context tokens the target recomputes through every layer with attention over all the
-        retrieved chunks (`cagkit.blend`), after prefilling its bottom two layers over them jointly; it restores
-        the cross-chunk attention that chunks stored one at a time never had. 0 = off, 1 = a joint prefill.
-    """
-
-    recompute_layers: int = 0
-    blend: float = 0.0
-
-    def check(self, lm: LoadedModel) -> None:
-        if not 0 <= self.recompute_layers <= lm.num_layers:
-            raise CagkitError(f"--recompute-layers must be between 0 and {lm.num_layers} for {lm.name}, "
-                              f"got {self.recompute_layers}")
-        if not 0.0 <= self.blend <= 1.0:
-            raise CagkitError(f"--blend must be a share of the context tokens between 0 and 1, got {self.blend}")
-
-    def settings(self) -> dict:
-        """The options that differ from the defaults, for a results file."""
-        return {k: v for k, v in asdict(self).items() if v != getattr(Placement(), k)}
-
-    def cli_args(self) -> list[str]:
-        """The `cagkit ask` / `cagkit eval` options that reproduce this placement."""
-        return [arg for k, v in self.settings().items() for arg in (f"--{k.replace('_', '-')}", str(v))]
 
 
 @dataclass
@@ -62,7 +33,7 @@ class Answer:
     model: str
     mode: str
     context_tokens: int = 0
-    extra: dict = field(default_factory=dict)
+    placement: dict = field(default_factory=dict)  # the ask-time options that differ from the defaults
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -156,7 +127,7 @@ def answer_from_chunks(
         "tokens_per_s": decoded / gen.decode_s if decoded and gen.decode_s else 0.0,
     }
     sources = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in hits]
-    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens)
+    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens, placement.settings())
 
 
 @dataclass

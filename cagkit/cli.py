@@ -31,7 +31,7 @@ def _cmd_ingest(args) -> int:
 
 
 def _cmd_ask(args) -> int:
-    from cagkit.ask import ask
+    from cagkit.ask import Placement, ask
 
     stream = None if args.json else (lambda piece: print(piece, end="", flush=True))
     result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
@@ -46,7 +46,8 @@ def _cmd_ask(args) -> int:
         print(f"  {s['score']:.3f}  {s['document']}  chunk {s['chunk']}")
     t = result.timings
     print(
-        f"\n{result.model} ({result.mode}), {result.context_tokens} context tokens: retrieve {t['retrieve_ms']:.0f} ms, "
+        f"\n{result.model} ({result.mode}{Placement(**result.placement).describe()}), {result.context_tokens} "
+        f"context tokens: retrieve {t['retrieve_ms']:.0f} ms, "
         f"load {t['load_ms']:.0f} ms, translate {t['translate_ms']:.0f} ms, prefill {t['prefill_ms']:.0f} ms, "
         f"first token {t['ttft_ms']:.0f} ms, {t['tokens_per_s']:.1f} tokens/s"
     )

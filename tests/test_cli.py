@@ -71,10 +71,15 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
     assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6",
                  "--blend", "0.5", "--json"]) == 0
     assert ratios == [0.5]
-    blended = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["answer"]
-    assert blended == ask(question, store=store, model="tiny-llama", max_new_tokens=6, blend=0.5).answer
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["placement"] == {"blend": 0.5}
+    assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6, blend=0.5).answer
     assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6"]) == 0
     assert ratios == [0.5, 0.5]  # the default places the chunks as stored
+    assert "(reuse), " in capsys.readouterr().out
+    assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6",
+                 "--blend", "0.5"]) == 0
+    assert "(reuse, blend 0.5), " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cagkit.errors import CagkitError
+from cagkit.placement import Placement
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -115,12 +116,8 @@ def _method_order(runs: list[dict]) -> list[str]:
     return [m for m in METHOD_ORDER if m in seen] + list(dict.fromkeys(m for m in seen if m not in METHOD_ORDER))
 
 
-_PLACEMENT_KEYS = ("recompute_layers", "blend")  # ask-time options that change every placed method's numbers
-
-
 def _label(run: dict) -> str:
-    settings = run.get("settings") or {}
-    options = "".join(f", {key.replace('_', ' ')} {settings[key]}" for key in _PLACEMENT_KEYS if settings.get(key))
+    options = Placement.from_settings(run.get("settings") or {}).describe()
     return f"{run['source']} → {run['target']}, {Path(run['dataset']).name}{options}"
 
 
