@@ -206,10 +206,8 @@ def save_random_linear_translator(models, folder, seed):
     Translator(net, "tiny-llama-fp", "tiny-gemma-fp", {}).save(translator_path(SOURCE, OTHER, "linear"))
 
 
-def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeypatch):
-    from cagkit.ask import Placement, build_context_cache
-    from cagkit.kvcache import prefill_kv
-
+def _paris_store_with_a_linear_translator(models, tmp_path, monkeypatch):
+    """A store of docs/paris.txt ingested by the source, and a random linear translator to the other model."""
     monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path / "translators"))
     (tmp_path / "translators").mkdir()
     save_random_linear_translator(models, tmp_path / "translators", 0)
@@ -217,9 +215,16 @@ def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeyp
     docs.mkdir()
     (docs / "paris.txt").write_text(PARIS + " " + PARIS.replace("Paris", "Lyon"))
     ingest([docs], store=tmp_path / "store", source=SOURCE, chunk_tokens=16, progress=False)
+    return tmp_path / "store"
+
+
+def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeypatch):
+    from cagkit.ask import Placement, build_context_cache
+    from cagkit.kvcache import prefill_kv
+
     lm = models[OTHER]
-    with Store.open(tmp_path / "store") as store:
-        hits = example_hits(store, "Where?", [str((docs / "paris.txt").resolve())], 3, False)
+    with Store.open(_paris_store_with_a_linear_translator(models, tmp_path, monkeypatch)) as store:
+        hits = example_hits(store, "Where?", [str((tmp_path / "docs" / "paris.txt").resolve())], 3, False)
 
         def layers(mode, k=0):
             cache = build_context_cache(lm, store, hits, "Where?", mode, Placement(recompute_layers=k)).cache
@@ -283,16 +288,9 @@ def test_blend_one_gives_the_target_s_joint_prefill_of_the_chunks(models, tmp_pa
     from cagkit.generation import prompt_parts
     from cagkit.kvcache import prefix_cache
 
-    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path / "translators"))
-    (tmp_path / "translators").mkdir()
-    save_random_linear_translator(models, tmp_path / "translators", 0)
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "paris.txt").write_text(PARIS + " " + PARIS.replace("Paris", "Lyon"))
-    ingest([docs], store=tmp_path / "store", source=SOURCE, chunk_tokens=16, progress=False)
     lm = models[OTHER]
-    with Store.open(tmp_path / "store") as store:
-        hits = example_hits(store, "Where?", [str((docs / "paris.txt").resolve())], 3, False)
+    with Store.open(_paris_store_with_a_linear_translator(models, tmp_path, monkeypatch)) as store:
+        hits = example_hits(store, "Where?", [str((tmp_path / "docs" / "paris.txt").resolve())], 3, False)
         blended = build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=1.0))
         plain = build_context_cache(lm, store, hits, "Where?", "linear")
         placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
