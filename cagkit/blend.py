@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv
-from cagkit.rope import RotaryTables, layer_types, remove_rope
+from cagkit.rope import RotaryTables, decoder_stack, layer_types, remove_rope
 
 JOINT_LAYERS = 2  # bottom layers prefilled jointly; the deviation is measured at the top one of them
 
@@ -75,7 +75,7 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
                tables: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE-free KV [L, S, H, D] of the `chosen` context tokens (indices after the prefix) recomputed through
     every layer over the prefix and the `placed` chunks."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    decoder = decoder_stack(model)
     dtype = next(model.parameters()).dtype
     cache = DynamicCache()  # config-less: every layer keeps every token, the masks below do the windowing
     if start:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from cagkit.rope import RotaryTables, apply_rope, remove_rope
+from cagkit.rope import RotaryTables, apply_rope, decoder_stack, remove_rope
 
 
 @dataclass
@@ -41,7 +41,7 @@ def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None, 
     tables = tables or RotaryTables(model)
     ids = torch.tensor([input_ids], dtype=torch.long)
     cache = DynamicCache()
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    decoder = decoder_stack(model)
     total = len(decoder.layers)
     if layers is not None and layers < 1:
         raise ValueError(f"a partial prefill needs at least one layer, got {layers}")

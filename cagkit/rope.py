@@ -29,11 +29,16 @@ def sliding_window(config, layer: int) -> int | None:
     return None
 
 
+def decoder_stack(model):
+    """The model's decoder (embeddings, layers, rotary module) without the LM head."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
+
+
 class RotaryTables:
     """cos/sin tables of one model per layer, for any positions: `cos, sin = tables(layer, positions)`."""
 
     def __init__(self, model):
-        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        base = decoder_stack(model)
         self.rotary = base.rotary_emb
         self.config = model.config.get_text_config()
         self.types = layer_types(self.config)
