@@ -47,6 +47,8 @@ def main() -> int:
     sweep = parser.add_mutually_exclusive_group()
     sweep.add_argument("--depths", default=None, help="recomputed bottom layers (default sweep: 0,2,4,9,18)")
     sweep.add_argument("--blends", default=None, help="cross-chunk repair ratios, e.g. 0,0.15,0.3,0.5,1")
+    parser.add_argument("--blend-select", default="deviation", choices=("deviation", "question"),
+                        help="with --blends: which tokens are recomputed (cagkit eval --blend-select)")
     parser.add_argument("--limit", type=int, default=30)
     parser.add_argument("--plot", default=None, help="PNG path (default per sweep, under docs/plots/)")
     args = parser.parse_args()
@@ -71,14 +73,16 @@ def main() -> int:
     native = json.loads(reference.read_text())["methods"]["native"]
     base = native.get("f1", native.get("accuracy"))
     folder = Path("results") / folder_name
+    select = "" if args.blend_select == "deviation" else f"-{args.blend_select}"
+    extra = {"blend_select": args.blend_select} if select else {}
     rows = []
     for value in values:
         # One file per depth and kind (the layout of earlier runs); per ratio, one file holding every kind.
         files = ({k: folder / f"{stem}-{k}-{suffix}{value}.json" for k in kinds} if name == "depths"
-                 else dict.fromkeys(kinds, folder / f"{stem}-{suffix}{value}.json"))
+                 else dict.fromkeys(kinds, folder / f"{stem}-{suffix}{value}{select}.json"))
         for kind in kinds:
             out = run_eval(args.data, args.source, args.target, [kind] if name == "depths" else kinds, args.limit,
-                           out=files[kind], **{keyword: value})
+                           out=files[kind], **{keyword: value}, **extra)
             scores = json.loads(out.read_text())["methods"][kind]
             quality = scores.get("f1", scores.get("accuracy"))
             rows.append({"kind": kind, keyword: value, "quality": quality,
@@ -88,7 +92,8 @@ def main() -> int:
                "layers": layers, "limit": args.limit, "native": {"quality": base,
                                                                   "ttft_ms_median": native["ttft_ms_median"],
                                                                   "n": native["n"]}, "rows": rows}
-    (folder / f"{stem}-{'-'.join(kinds)}.json").write_text(json.dumps(summary, indent=1))
+    summary["blend_select"] = args.blend_select if name == "blends" else None
+    (folder / f"{stem}-{'-'.join(kinds)}{select}.json").write_text(json.dumps(summary, indent=1))
     print(f"{args.target}, {native['n']} questions; native quality {base:.3f}, TTFT {native['ttft_ms_median']:.0f} ms")
     print(f"| kind | {keyword.replace('_', ' ')} | quality | / native | TTFT ms (median) | translate + recompute ms |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from cagkit.blend import blend as blend_chunks
+from cagkit.blend import blend as blend_chunks, question_priority
 from cagkit.embeddings import embed
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
@@ -56,6 +56,7 @@ def ask(
     on_text: Callable[[str], None] | None = None,
     recompute_layers: int = 0,
     blend: float = 0.0,
+    blend_select: str = "deviation",
 ) -> Answer:
     """Answer `question` from the documents in `store` with `model`.
 
@@ -77,6 +78,8 @@ def ask(
             translated (the injection depth; 0 = the translator's default).
         blend: the share of context tokens the target recomputes with attention across all retrieved chunks
             (see `Placement`); 0 = off.
+        blend_select: which tokens the blend recomputes: `deviation` (CacheBlend's choice) or `question` (the
+            sentences most similar to the question).
     """
     if mode not in MODES:
         raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
@@ -89,7 +92,7 @@ def ask(
         hits = retrieve(opened, question, top_k)
         t1 = time.perf_counter()
         return answer_from_chunks(lm, opened, hits, question, mode, max_new_tokens, on_text, started=t0, retrieved=t1,
-                                  placement=Placement(recompute_layers, blend))
+                                  placement=Placement(recompute_layers, blend, blend_select))
     finally:
         if opened is not store:
             opened.close()
@@ -174,7 +177,11 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         kvs = [_recompute_bottom(lm, c.text, kv, recompute_layers) for c, kv in zip(stored, kvs)]
     tables = RotaryTables(lm.model)
     if placement.blend:
-        kvs = blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables)
+        priority = None
+        if placement.blend_select == "question":
+            offsets = [_token_offsets(lm, store, c, chunk_ids) for c, chunk_ids in zip(stored, ids)]
+            priority = question_priority(question, [c.text for c in stored], offsets, embed)
+        kvs = blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
     translate_s = time.perf_counter() - loaded_at
     cache = prefix_cache(lm.model, prefix_ids)
     place_chunks(lm.model, cache, kvs, tables)
@@ -207,6 +214,17 @@ def _recompute_bottom(lm: LoadedModel, text: str, translated: ChunkKV, layers: i
                           f"{translated.num_tokens}; this is a bug, please report it")
     return ChunkKV(torch.cat([own.keys, translated.keys[layers:].float()]),
                    torch.cat([own.values, translated.values[layers:].float()]))
+
+
+def _token_offsets(lm: LoadedModel, store: Store, chunk: StoredChunk, ids: list[int]) -> torch.Tensor:
+    """[T, 2] character spans in `chunk.text` of the chunk's KV positions `ids` (the target's tokens)."""
+    if list(ids) == list(chunk.token_ids):
+        return torch.as_tensor(chunk.offsets)
+    enc = lm.tokenizer(chunk.text, add_special_tokens=False, return_offsets_mapping=True)
+    if enc["input_ids"] != list(ids):
+        raise CagkitError(f"{lm.name} tokenised a chunk of {chunk.doc_path} differently from its KV; this is a bug, "
+                          "please report it")
+    return torch.tensor(enc["offset_mapping"]).reshape(-1, 2)
 
 
 def _same_model(lm: LoadedModel, store: Store) -> bool:

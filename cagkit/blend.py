@@ -20,6 +20,8 @@ native prefill.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from transformers import DynamicCache
 
@@ -31,10 +33,12 @@ JOINT_LAYERS = 2  # bottom layers prefilled jointly; the deviation is measured a
 
 @torch.no_grad()
 def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[list[int]], ratio: float,
-          tables: RotaryTables | None = None) -> list[ChunkKV]:
+          tables: RotaryTables | None = None, priority: torch.Tensor | None = None) -> list[ChunkKV]:
     """`chunks` (placed in this order after `prefix_ids`) with a `ratio` share of their tokens recomputed over the
     whole context, and their bottom layers prefilled jointly. `chunk_ids`: each chunk's token ids in `model`'s
-    vocabulary, one per KV position. ratio 0 returns `chunks` unchanged; ratio 1 equals a joint prefill."""
+    vocabulary, one per KV position. ratio 0 returns `chunks` unchanged; ratio 1 equals a joint prefill.
+    `priority` ([total tokens], higher first) replaces the layer-1 deviation as the selection order, e.g.
+    `question_priority`."""
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"the blend ratio must be between 0 and 1, got {ratio}")
     if ratio == 0.0 or not chunks:
@@ -57,8 +61,11 @@ def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[l
     deviation = _relative_error(keys[top], joint_k[top]) + _relative_error(values[top], joint_v[top])
     keys[:joint_layers], values[:joint_layers] = joint_k, joint_v
 
+    if priority is not None and priority.shape != (total,):
+        raise ValueError(f"priority has shape {tuple(priority.shape)}, expected ({total},): one per context token")
     count = max(1, round(ratio * total))
-    chosen = torch.topk(deviation, count).indices.sort().values  # chunk-relative indices
+    order = deviation if priority is None else priority.float()
+    chosen = torch.topk(order, count).indices.sort().values  # chunk-relative indices
     if joint_layers < num_layers:
         new_k, new_v = _recompute(model, ids, start, ChunkKV(keys, values), chosen, tables)
         keys[joint_layers:, chosen] = new_k[joint_layers:]
@@ -112,3 +119,44 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A [1, 1, Q, K] additive mask (0 where allowed), which eager and SDPA attention both read."""
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*")
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of `text`'s sentences (split after . ! ? and at line breaks), covering it end to end."""
+    spans, start = [], 0
+    for match in _SENTENCE_END.finditer(text):
+        if match.end() > start:
+            spans.append((start, match.end()))
+            start = match.end()
+    if start < len(text):
+        spans.append((start, len(text)))
+    return spans
+
+
+def question_priority(question: str, texts: list[str], offsets: list[torch.Tensor], embed) -> torch.Tensor:
+    """Per context token, how relevant its sentence is to `question`: the selection order for `blend` that
+    recomputes whole sentences, most similar first (cosine of sentence embeddings), instead of the tokens the
+    layer-1 deviation picks. texts: the chunks' texts; offsets: each chunk's [T, 2] character spans of its
+    tokens (the model's own tokenisation); embed: texts -> unit vectors (`cagkit.embeddings.embed`).
+    Within a sentence earlier tokens come first, so a sentence cut by the budget keeps its start."""
+    sentences, owners = [], []
+    for c, text in enumerate(texts):
+        for span in sentence_spans(text):
+            sentences.append(text[span[0]:span[1]])
+            owners.append((c, span))
+    vectors = embed([question] + sentences)
+    scores = torch.as_tensor(vectors[1:] @ vectors[0], dtype=torch.float64)  # [S]
+    out = []
+    for c, spans in enumerate(offsets):
+        spans = torch.as_tensor(spans, dtype=torch.long).reshape(-1, 2)
+        priority = torch.full((len(spans),), -2.0, dtype=torch.float64)  # tokens in no sentence: last
+        for score, (owner, (lo, hi)) in zip(scores, owners):
+            if owner == c:
+                inside = (spans[:, 0] >= lo) & (spans[:, 0] < hi)
+                priority[inside] = score
+        # earlier tokens first within a sentence; the step is far below any score difference that matters
+        out.append(priority - 1e-6 * torch.arange(len(spans), dtype=torch.float64) / max(len(spans), 1))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from cagkit.errors import CagkitError
+from cagkit.placement import BLEND_SELECT
 
 DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
 keep the KV cache in a store, and answer with any target model from translated caches."""
@@ -36,7 +37,7 @@ def _cmd_ask(args) -> int:
     stream = None if args.json else (lambda piece: print(piece, end="", flush=True))
     result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
                  max_new_tokens=args.max_new_tokens, on_text=stream, recompute_layers=args.recompute_layers,
-                 blend=args.blend)
+                 blend=args.blend, blend_select=args.blend_select)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -90,7 +91,7 @@ def _cmd_eval(args) -> int:
     out = run_eval(data=args.data, source=args.source, target=args.target, methods=args.methods.split(","),
                    limit=args.limit, top_k=args.top_k, full_context=args.full_context, out=args.out,
                    data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store,
-                   recompute_layers=args.recompute_layers, blend=args.blend)
+                   recompute_layers=args.recompute_layers, blend=args.blend, blend_select=args.blend_select)
     print(f"wrote {out}")
     return 0
 
@@ -189,6 +190,10 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
                    help="recompute this share of the context tokens with attention across all retrieved chunks, "
                         "which chunks stored one at a time never had (0 to 1; slow on CPU: at 0.5 about as long as "
                         "a native prefill; default: %(default)s)")
+    p.add_argument("--blend-select", default="deviation", metavar="{" + ",".join(BLEND_SELECT) + "}",
+                   help="which tokens --blend recomputes: those whose KV deviates most from a joint prefill of the "
+                        "bottom layers (CacheBlend's choice), or whole sentences, most similar to the question first "
+                        "(default: %(default)s)")
 
 
 def _quiet_libraries() -> None:

@@ -116,7 +116,8 @@ class CAGQueryEngine(BaseQueryEngine):
         node_postprocessors: applied to the retrieved nodes before answering, as in RetrieverQueryEngine.
         store: the store the nodes come from; needed only when the retriever is not a CAGRetriever.
         callback_manager: LlamaIndex callbacks (default: `Settings.callback_manager`).
-        placement: ask-time speed/quality options (`cagkit.ask.Placement`: `recompute_layers`, `blend`).
+        placement: ask-time speed/quality options (`cagkit.ask.Placement`: `recompute_layers`, `blend`,
+            `blend_select`).
 
     The prompt around the chunks is cagkit's (`cagkit.generation.prompt_parts`), not a LlamaIndex template, because
     the chunks enter the model as KV rather than as prompt text. Response metadata holds the model, the mode, the

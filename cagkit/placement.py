@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, fields
 
 from cagkit.errors import CagkitError
 
+BLEND_SELECT = ("deviation", "question")
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -19,10 +21,13 @@ class Placement:
     blend: the share of context tokens the target recomputes through every layer with attention over all the
         retrieved chunks (`cagkit.blend`), after prefilling its bottom two layers over them jointly; it restores
         the cross-chunk attention that chunks stored one at a time never had. 0 = off, 1 = a joint prefill.
+    blend_select: which tokens `blend` recomputes: `deviation` (those whose layer-1 KV differs most from the
+        joint prefill, as CacheBlend) or `question` (whole sentences, most similar to the question first).
     """
 
     recompute_layers: int = 0
     blend: float = 0.0
+    blend_select: str = "deviation"
 
     def check(self, lm) -> None:
         """Refuse options out of range for `lm` (a `cagkit.models.LoadedModel`)."""
@@ -31,6 +36,8 @@ class Placement:
                               f"got {self.recompute_layers}")
         if not 0.0 <= self.blend <= 1.0:
             raise CagkitError(f"--blend must be a share of the context tokens between 0 and 1, got {self.blend}")
+        if self.blend_select not in BLEND_SELECT:
+            raise CagkitError(f"--blend-select must be one of {', '.join(BLEND_SELECT)}, got '{self.blend_select}'")
 
     def settings(self) -> dict:
         """The options that differ from the defaults, for a results file."""

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cagkit.blend import JOINT_LAYERS, blend
+from cagkit.blend import JOINT_LAYERS, blend, question_priority, sentence_spans
 from cagkit.kvcache import ChunkKV, prefill_kv
 from tests.conftest import make_tiny_gemma3, make_tiny_llama
 
@@ -64,3 +64,46 @@ def test_zero_ratio_and_bad_input(smollm2_tokenizer):
         blend(model, prefix, alone, chunk_ids, 1.5)
     with pytest.raises(ValueError, match="token ids"):
         blend(model, prefix, alone, [ids[:-1] for ids in chunk_ids], 0.5)
+
+
+def test_sentence_spans_cover_the_text_and_end_after_punctuation():
+    text = 'The keeper counted ships. "Twice," she said! Was it cold?\nYes\n\n  and more'
+    spans = sentence_spans(text)
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous, nothing dropped
+    assert [text[a:b].strip() for a, b in spans] == [
+        "The keeper counted ships.", '"Twice," she said!', "Was it cold?", "Yes", "and more"]
+    assert sentence_spans("") == []
+
+
+def _bag_of_words(texts):
+    """A stand-in embedder: unit vectors of word counts over a small vocabulary."""
+    vocab = ["ships", "harbour", "froze", "ice", "bread", "keeper", "spring"]
+    rows = torch.tensor([[t.lower().count(w) for w in vocab] for t in texts], dtype=torch.float32) + 1e-3
+    return torch.nn.functional.normalize(rows, dim=-1).numpy()
+
+
+def test_question_priority_ranks_the_relevant_sentence_first_and_blend_recomputes_it(smollm2_tokenizer):
+    texts = ["The keeper counted ships. He slept by day.", " In spring the harbour froze over. The ice was thick."]
+    offsets = [torch.tensor(smollm2_tokenizer(t, add_special_tokens=False, return_offsets_mapping=True)
+                            ["offset_mapping"]) for t in texts]
+    priority = question_priority("When did the harbour freeze?", texts, offsets, _bag_of_words)
+    assert priority.shape == (sum(len(o) for o in offsets),)
+    second = offsets[1]
+    in_harbour = (second[:, 0] < texts[1].index("The ice"))
+    best = priority[len(offsets[0]):][in_harbour]
+    assert best.min() > priority[~torch.cat([torch.zeros(len(offsets[0]), dtype=torch.bool), in_harbour])].max()
+    assert bool((best[1:] < best[:-1]).all())  # earlier tokens first within the sentence
+
+    model = make_tiny_llama(smollm2_tokenizer, layers=4)
+    prefix, chunk_ids, alone, joint = _chunks_and_joint(model, smollm2_tokenizer)
+    # recompute exactly the tokens given the highest priority: only they change above the joint layers
+    order = torch.zeros(sum(len(c) for c in chunk_ids))
+    order[3:7] = 1.0
+    count = 4
+    repaired = blend(model, prefix, alone, chunk_ids, count / len(order), priority=order)
+    before, after = torch.cat([c.keys for c in alone], 1), torch.cat([c.keys for c in repaired], 1)
+    changed = (before[JOINT_LAYERS:] - after[JOINT_LAYERS:]).abs().amax(dim=(0, 2, 3)) > 1e-6
+    assert changed.nonzero().flatten().tolist() == [3, 4, 5, 6]
+    with pytest.raises(ValueError, match="priority"):
+        blend(model, prefix, alone, chunk_ids, 0.5, priority=order[:-1])

@@ -58,12 +58,13 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
     import importlib
 
     ask_module = importlib.import_module("cagkit.ask")
-    ratios = []
+    ratios, priorities = [], []
     real = ask_module.blend_chunks
 
-    def spy(model, prefix_ids, chunks, chunk_ids, ratio, tables=None):
+    def spy(model, prefix_ids, chunks, chunk_ids, ratio, tables=None, priority=None):
         ratios.append(ratio)
-        return real(model, prefix_ids, chunks, chunk_ids, ratio, tables)
+        priorities.append(priority)
+        return real(model, prefix_ids, chunks, chunk_ids, ratio, tables, priority)
 
     monkeypatch.setattr(ask_module, "blend_chunks", spy)
     question = "Where can a chunk be placed?"
@@ -80,6 +81,12 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
     assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6",
                  "--blend", "0.5"]) == 0
     assert "(reuse, blend 0.5), " in capsys.readouterr().out
+    assert priorities == [None, None, None]  # CacheBlend's selection by deviation
+    assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6",
+                 "--blend", "0.5", "--blend-select", "question", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["placement"] == {"blend": 0.5, "blend_select": "question"}
+    assert priorities[-1] is not None and len(priorities[-1]) == result["context_tokens"]
 
 
 @pytest.mark.parametrize(
@@ -90,6 +97,7 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
         (["ask", "  ", "--store", "{store}", "--model", "tiny-llama"], "the question is empty"),
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--top-k", "0"], "--top-k must be at least 1"),
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--blend", "1.5"], "--blend must be a share"),
+        (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--blend-select", "random"], "--blend-select must be one of"),
         (["ingest", "{tmp}/missing", "--store", "{store}", "--source", "tiny-llama"], "missing"),
     ],
 )

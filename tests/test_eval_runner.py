@@ -239,6 +239,8 @@ def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeyp
             build_context_cache(lm, store, hits, "Where?", "linear", Placement(recompute_layers=7))
         with pytest.raises(CagkitError, match="--blend"):
             build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=-0.1))
+        with pytest.raises(CagkitError, match="--blend-select must be one of deviation, question"):
+            build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=0.5, blend_select="random"))
     # A partial prefill gives exactly the bottom layers of a full one.
     ids = lm.tokenizer(PARIS, add_special_tokens=False)["input_ids"]
     whole, bottom = prefill_kv(lm.model, ids), prefill_kv(lm.model, ids, layers=2)
@@ -292,6 +294,7 @@ def test_blend_one_gives_the_target_s_joint_prefill_of_the_chunks(models, tmp_pa
     with Store.open(_paris_store_with_a_linear_translator(models, tmp_path, monkeypatch)) as store:
         hits = example_hits(store, "Where?", [str((tmp_path / "docs" / "paris.txt").resolve())], 3, False)
         blended = build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=1.0))
+        by_question = build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=1.0, blend_select="question"))
         plain = build_context_cache(lm, store, hits, "Where?", "linear")
         placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
         ids = [t for h in placed for t in lm.tokenizer(h.text, add_special_tokens=False)["input_ids"]]
@@ -301,6 +304,8 @@ def test_blend_one_gives_the_target_s_joint_prefill_of_the_chunks(models, tmp_pa
         torch.testing.assert_close(mine.keys, native.keys, atol=2e-4, rtol=1e-3)
         torch.testing.assert_close(mine.values, native.values, atol=2e-4, rtol=1e-3)
     assert not torch.allclose(plain.cache.layers[3].keys, joint.layers[3].keys, atol=1e-3)
+    for mine, native in zip(by_question.cache.layers, joint.layers):  # every token chosen, whatever the order
+        torch.testing.assert_close(mine.keys, native.keys, atol=2e-4, rtol=1e-3)
 
     data = tmp_path / "one.jsonl"
     data.write_text(json.dumps({"id": "q1", "question": "Where?", "answers": ["Paris"], "context": PARIS}) + "\n")
@@ -311,3 +316,5 @@ def test_blend_one_gives_the_target_s_joint_prefill_of_the_chunks(models, tmp_pa
     assert run["settings"]["blend"] == 0.5 and "--blend 0.5" in run["command"]
     with pytest.raises(CagkitError, match="blend"):
         run_eval(**args)
+    with pytest.raises(CagkitError, match="blend"):
+        run_eval(**args, blend=0.5, blend_select="question")

@@ -67,6 +67,7 @@ def run_eval(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     recompute_layers: int = 0,
     blend: float = 0.0,
+    blend_select: str = "deviation",
 ) -> Path:
     """Evaluate `methods` on the questions of `data` and write the results JSON; returns its path.
 
@@ -87,8 +88,9 @@ def run_eval(
             recorded in the settings only when not 0.
         blend: every method that places chunks (all but native and none) has this share of the context
             tokens recomputed across chunks (`cagkit.blend`); recorded in the settings only when not 0.
+        blend_select: which tokens the blend recomputes (`Placement.blend_select`); recorded when not the default.
     """
-    placement = Placement(recompute_layers, blend)
+    placement = Placement(recompute_layers, blend, blend_select)
     methods = _check_methods(methods)
     if top_k < 1:
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
