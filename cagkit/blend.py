@@ -10,7 +10,8 @@ the same text gives (cagkit's `oracle` method measures that loss). `blend` repai
 2. the tokens whose layer-1 KV deviates most between the joint prefill and the placed cache are selected (a
    `ratio` share of the context);
 3. the target recomputes the selected tokens through every layer in one forward pass, attending to the placed
-   KV of the others and to each other's new KV, and their KV is replaced at every layer.
+   KV of the others and to each other's new KV (their stale entries left out), and their KV is replaced at
+   every layer.
 
 Everything stays RoPE-free `[L, T, H, D]` (`ChunkKV`), so the repaired chunks are placed as usual afterwards.
 Cost: the projections and MLPs scale with `ratio`, but every recomputed token attends over the whole context
@@ -25,8 +26,8 @@ import re
 import torch
 from transformers import DynamicCache
 
-from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv
-from cagkit.rope import RotaryTables, decoder_stack, layer_types, remove_rope
+from cagkit.kvcache import ChunkKV, prefill_kv
+from cagkit.rope import RotaryTables, apply_rope, decoder_stack, layer_types, remove_rope
 
 JOINT_LAYERS = 2  # bottom layers prefilled jointly; the deviation is measured at the top one of them
 
@@ -87,17 +88,20 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
     cache = DynamicCache()  # config-less: every layer keeps every token, the masks below do the windowing
     if start:
         decoder(input_ids=torch.tensor([ids[:start]]), cache=cache, use_cache=True)
-    place_chunks(model, cache, [placed], tables)
-    context = cache.get_seq_length()
+    # The cache holds the prefix and the tokens that are not recomputed, each at its own position; the chosen
+    # tokens' stale entries are left out, so attention spans the context once.
+    kept = torch.ones(placed.num_tokens, dtype=torch.bool)
+    kept[chosen] = False
+    kept_positions = kept.nonzero().flatten() + start
+    for layer in range(placed.keys.shape[0]):
+        cos, sin = tables(layer, kept_positions)
+        k = apply_rope(placed.keys[layer, kept].float(), cos, sin)  # [K, H, D]
+        cache.update(k.transpose(0, 1)[None].to(dtype), placed.values[layer, kept].transpose(0, 1)[None].to(dtype),
+                     layer)
     positions = chosen + start
-    old = torch.arange(context)
-    # Each chosen token sees the earlier tokens' placed KV, except the chosen ones' own old entries, and the
-    # chosen tokens' new KV (appended after the context) up to itself.
-    is_chosen = torch.zeros(context, dtype=torch.bool)
-    is_chosen[positions] = True
-    key_pos = torch.cat([old, positions])
+    # Each chosen token sees the kept tokens before it and the chosen tokens' new KV (appended last) up to itself.
+    key_pos = torch.cat([torch.arange(start), kept_positions, positions])
     allowed = key_pos[None, :] <= positions[:, None]
-    allowed[:, :context] &= ~is_chosen[None, :]
     config = model.config.get_text_config()
     masks = {"full_attention": _additive(allowed, dtype)}
     if "sliding_attention" in layer_types(config):
@@ -105,6 +109,7 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
         masks["sliding_attention"] = _additive(allowed & near, dtype)
     mask = masks if len(masks) > 1 else masks["full_attention"]
     query = torch.tensor([[ids[p] for p in positions.tolist()]])
+    context = cache.get_seq_length()
     decoder(input_ids=query, position_ids=positions[None], attention_mask=mask, cache=cache, use_cache=True)
     keys, values = [], []
     for layer, cached in enumerate(cache.layers):
