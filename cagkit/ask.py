@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from cagkit.blend import blend as blend_chunks, question_priority
-from cagkit.embeddings import embed
+from cagkit.embeddings import embed, embed_with_sentences
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
@@ -180,7 +180,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         priority = None
         if placement.blend_select == "question":
             offsets = [_token_offsets(lm, store, c, chunk_ids) for c, chunk_ids in zip(stored, ids)]
-            priority = question_priority(question, [c.text for c in stored], offsets, embed)
+            priority = question_priority(embed([question])[0], _sentences(stored), offsets)
         kvs = blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
     translate_s = time.perf_counter() - loaded_at
     cache = prefix_cache(lm.model, prefix_ids)
@@ -214,6 +214,13 @@ def _recompute_bottom(lm: LoadedModel, text: str, translated: ChunkKV, layers: i
                           f"{translated.num_tokens}; this is a bug, please report it")
     return ChunkKV(torch.cat([own.keys, translated.keys[layers:].float()]),
                    torch.cat([own.values, translated.values[layers:].float()]))
+
+
+def _sentences(chunks: list[StoredChunk]) -> list[tuple]:
+    """Each chunk's sentence spans and embeddings: as the store keeps them, else computed now (older stores)."""
+    missing = [c for c in chunks if c.sentences is None]
+    computed = iter(embed_with_sentences([c.text for c in missing])[1] if missing else [])
+    return [c.sentences if c.sentences is not None else next(computed) for c in chunks]
 
 
 def _token_offsets(lm: LoadedModel, store: Store, chunk: StoredChunk, ids: list[int]) -> torch.Tensor:

@@ -21,8 +21,6 @@ native prefill.
 
 from __future__ import annotations
 
-import re
-
 import torch
 from transformers import DynamicCache
 
@@ -126,42 +124,24 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask[None, None]
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*")
 
+def question_priority(question_vector, sentences: list[tuple], offsets: list[torch.Tensor]) -> torch.Tensor:
+    """Per context token, how relevant its sentence is to the question: the selection order for `blend` that
+    recomputes whole sentences, most similar first, instead of the tokens the layer-1 deviation picks.
 
-def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans of `text`'s sentences (split after . ! ? and at line breaks), covering it end to end."""
-    spans, start = [], 0
-    for match in _SENTENCE_END.finditer(text):
-        if match.end() > start:
-            spans.append((start, match.end()))
-            start = match.end()
-    if start < len(text):
-        spans.append((start, len(text)))
-    return spans
-
-
-def question_priority(question: str, texts: list[str], offsets: list[torch.Tensor], embed) -> torch.Tensor:
-    """Per context token, how relevant its sentence is to `question`: the selection order for `blend` that
-    recomputes whole sentences, most similar first (cosine of sentence embeddings), instead of the tokens the
-    layer-1 deviation picks. texts: the chunks' texts; offsets: each chunk's [T, 2] character spans of its
-    tokens (the model's own tokenisation); embed: texts -> unit vectors (`cagkit.embeddings.embed`).
-    Within a sentence earlier tokens come first, so a sentence cut by the budget keeps its start."""
-    sentences, owners = [], []
-    for c, text in enumerate(texts):
-        for span in sentence_spans(text):
-            sentences.append(text[span[0]:span[1]])
-            owners.append((c, span))
-    vectors = embed([question] + sentences)
-    scores = torch.as_tensor(vectors[1:] @ vectors[0], dtype=torch.float64)  # [S]
+    question_vector: the question's unit embedding [E]; sentences: per chunk, its sentence character spans
+    [S, 2] and unit embeddings [S, E] (`cagkit.embeddings.embed_with_sentences`, or as the store keeps them);
+    offsets: per chunk, the [T, 2] character spans of its KV positions' tokens. Tokens in no sentence come
+    last; within a sentence earlier tokens come first, so a sentence cut by the budget keeps its start.
+    """
+    query = torch.as_tensor(question_vector, dtype=torch.float64)
     out = []
-    for c, spans in enumerate(offsets):
-        spans = torch.as_tensor(spans, dtype=torch.long).reshape(-1, 2)
-        priority = torch.full((len(spans),), -2.0, dtype=torch.float64)  # tokens in no sentence: last
-        for score, (owner, (lo, hi)) in zip(scores, owners):
-            if owner == c:
-                inside = (spans[:, 0] >= lo) & (spans[:, 0] < hi)
-                priority[inside] = score
-        # earlier tokens first within a sentence; the step is far below any score difference that matters
-        out.append(priority - 1e-6 * torch.arange(len(spans), dtype=torch.float64) / max(len(spans), 1))
+    for (spans, vectors), token_spans in zip(sentences, offsets, strict=True):
+        token_starts = torch.as_tensor(token_spans, dtype=torch.long).reshape(-1, 2)[:, 0]
+        priority = torch.full((len(token_starts),), -2.0, dtype=torch.float64)
+        scores = torch.as_tensor(vectors, dtype=torch.float64) @ query  # [S]
+        for score, (lo, hi) in zip(scores, torch.as_tensor(spans).tolist()):
+            priority[(token_starts >= lo) & (token_starts < hi)] = score
+        # the step is far below any score difference that matters
+        out.append(priority - 1e-6 * torch.arange(len(priority), dtype=torch.float64) / max(len(priority), 1))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,3 +37,30 @@ def embed(texts: list[str]) -> np.ndarray:
         return np.zeros((0, 384), dtype=np.float32)
     vectors = _embedder().encode(texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
     return np.asarray(vectors, dtype=np.float32)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*")
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of `text`'s sentences (split after . ! ? and at line breaks), covering it end to end."""
+    spans, start = [], 0
+    for match in _SENTENCE_END.finditer(text):
+        if match.end() > start:
+            spans.append((start, match.end()))
+            start = match.end()
+    if start < len(text):
+        spans.append((start, len(text)))
+    return spans
+
+
+def embed_with_sentences(texts: list[str]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Embeddings of `texts` [N, E], and per text its sentence spans [S, 2] and their embeddings [S, E], from one
+    batch through the embedder (what ingest stores for `--blend-select question`)."""
+    spans = [sentence_spans(t) for t in texts]
+    vectors = embed(list(texts) + [t[a:b] for t, sp in zip(texts, spans) for a, b in sp])
+    out, at = [], len(texts)
+    for sp in spans:
+        out.append((np.asarray(sp, dtype=np.int32).reshape(-1, 2), vectors[at: at + len(sp)]))
+        at += len(sp)
+    return vectors[: len(texts)], out

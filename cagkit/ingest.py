@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cagkit.documents import chunk_text, find_documents, read_document
-from cagkit.embeddings import EMBEDDER_NAME, embed
+from cagkit.embeddings import EMBEDDER_NAME, embed_with_sentences
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
 from cagkit.kvcache import prefill_kv
 from cagkit.models import load_model
@@ -158,7 +158,10 @@ def _ingest_documents(
         bar = _progress_bar(todo, lm, progress)
         for key, text, sha, metadata, existed in todo:
             chunks = [_prefill_chunk(lm, tables, c) for c in chunk_text(text, lm.count_tokens, chunk_tokens)]
-            st.write_document(key, sha, chunks, embed([c.text for c in chunks]), metadata)
+            vectors, sentences = embed_with_sentences([c.text for c in chunks])
+            for chunk, kept in zip(chunks, sentences):
+                chunk.sentences = kept
+            st.write_document(key, sha, chunks, vectors, metadata)
             (report.updated if existed else report.added).append(key)
             report.chunks += len(chunks)
             report.tokens += sum(len(c.token_ids) for c in chunks)

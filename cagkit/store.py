@@ -5,7 +5,9 @@ Layout of a store directory:
     manifest.sqlite     settings (format version, source model and fingerprint, dtype, chunking),
                         documents (path, content hash, KV file, metadata) and chunks (text, offsets, embedding)
     kv/<hash>.safetensors   per chunk i: `{i}.keys`, `{i}.values` [L, T, H, D] RoPE-free,
-                        `{i}.token_ids` [T] int32, `{i}.offsets` [T, 2] int32 (char spans in the chunk text)
+                        `{i}.token_ids` [T] int32, `{i}.offsets` [T, 2] int32 (char spans in the chunk text),
+                        and (stores written since sentence embeddings were added) `{i}.sentences` [S, 2] int32
+                        char spans of the chunk's sentences with `{i}.sentence_embeddings` [S, E] float16
 
 Writes are crash-safe: a document's KV file is written under a temporary name and renamed into place, and only
 then is it recorded in the manifest, in one transaction. An interrupted ingest leaves the manifest pointing at
@@ -31,6 +33,7 @@ from cagkit.errors import StoreError
 from cagkit.kvcache import ChunkKV
 
 FORMAT_VERSION = 1
+_CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences are optional
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_STORE = Path("stores/default")
 
@@ -93,6 +96,8 @@ class StoredChunk:
     token_ids: list[int]
     offsets: torch.Tensor  # [T, 2] char spans of each source token in `text`
     kv: ChunkKV
+    # its sentences' char spans [S, 2] and unit embeddings [S, E]; None in files written before they were kept
+    sentences: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -105,6 +110,7 @@ class NewChunk:
     token_ids: list[int]
     offsets: list[tuple[int, int]]
     kv: ChunkKV
+    sentences: tuple[np.ndarray, np.ndarray] | None = None  # sentence char spans [S, 2], embeddings [S, E]
 
 
 class Store:
@@ -183,10 +189,12 @@ class Store:
         return self._conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
 
     def is_intact(self, doc: Document) -> bool:
-        """True when the document's KV file opens and holds every chunk the manifest lists."""
+        """True when the document's KV file opens and holds every chunk the manifest lists (the sentence tensors
+        are optional: files written before they were kept are intact without them)."""
         try:
             with safe_open(self.path / "kv" / doc.kv_file, framework="pt") as f:
-                return len(list(f.keys())) == 4 * doc.n_chunks
+                keys = set(f.keys())
+                return all(f"{i}.{name}" in keys for i in range(doc.n_chunks) for name in _CHUNK_TENSORS)
         except Exception:  # any failure to parse means the file cannot be trusted
             return False
 
@@ -204,6 +212,10 @@ class Store:
             tensors[f"{i}.values"] = c.kv.values.to(dtype).contiguous()
             tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)  # [T]
             tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)  # [T, 2]
+            if c.sentences is not None:
+                spans, vectors = c.sentences
+                tensors[f"{i}.sentences"] = torch.as_tensor(spans, dtype=torch.int32).reshape(-1, 2)  # [S, 2]
+                tensors[f"{i}.sentence_embeddings"] = torch.as_tensor(vectors).to(torch.float16)  # [S, E]
         kv_file = f"{sha256[:24]}.safetensors"
         final = self.path / "kv" / kv_file
         tmp = final.with_suffix(f".{os.getpid()}.tmp")
@@ -291,12 +303,16 @@ class Store:
                 kv = ChunkKV(f.get_tensor(f"{idx}.keys"), f.get_tensor(f"{idx}.values"))
                 token_ids = f.get_tensor(f"{idx}.token_ids").tolist()
                 offsets = f.get_tensor(f"{idx}.offsets")
+                sentences = None
+                if f"{idx}.sentences" in f.keys():
+                    sentences = (f.get_tensor(f"{idx}.sentences").numpy(),
+                                 f.get_tensor(f"{idx}.sentence_embeddings").float().numpy())
         except Exception as exc:  # safetensors raises several types for damaged files
             raise StoreError(
                 f"KV file {file} (document {doc_path}) is damaged or missing ({type(exc).__name__}); "
                 f"run `cagkit ingest {doc_path} --store {self.path}` to rebuild it"
             ) from exc
-        return StoredChunk(chunk_id, doc_path, idx, text, token_ids, offsets, kv)
+        return StoredChunk(chunk_id, doc_path, idx, text, token_ids, offsets, kv, sentences)
 
     # -- housekeeping --------------------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from cagkit.blend import JOINT_LAYERS, blend, question_priority, sentence_spans
+from cagkit.blend import JOINT_LAYERS, blend, question_priority
+from cagkit.embeddings import sentence_spans
 from cagkit.kvcache import ChunkKV, prefill_kv
 from tests.conftest import make_tiny_gemma3, make_tiny_llama
 
@@ -87,7 +88,11 @@ def test_question_priority_ranks_the_relevant_sentence_first_and_blend_recompute
     texts = ["The keeper counted ships. He slept by day.", " In spring the harbour froze over. The ice was thick."]
     offsets = [torch.tensor(smollm2_tokenizer(t, add_special_tokens=False, return_offsets_mapping=True)
                             ["offset_mapping"]) for t in texts]
-    priority = question_priority("When did the harbour freeze?", texts, offsets, _bag_of_words)
+    sentences = []
+    for text in texts:
+        spans = sentence_spans(text)
+        sentences.append((spans, _bag_of_words([text[a:b] for a, b in spans])))
+    priority = question_priority(_bag_of_words(["When did the harbour freeze?"])[0], sentences, offsets)
     assert priority.shape == (sum(len(o) for o in offsets),)
     second = offsets[1]
     in_harbour = (second[:, 0] < texts[1].index("The ice"))

@@ -200,3 +200,31 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_store(tiny_llama, 
             Store.open_for_writing(tmp_path / "store", settings)
     with Store.open_for_writing(tmp_path / "store", settings) as again:
         assert again.documents() == []
+
+
+def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_work(tiny_llama, docs, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from cagkit.ask import _sentences
+    from cagkit.embeddings import embed
+
+    store = tmp_path / "store"
+    _ingest(docs, store)
+    with Store.open(store) as st:
+        doc = st.document(str((docs / "bakery.txt").resolve()))
+        chunk = st.load_chunk(st.chunk_ids(doc.path)[1])
+        spans, vectors = chunk.sentences
+        assert [chunk.text[a:b].strip() for a, b in spans.tolist()] == [
+            "Its oven was brought from Vienna in 1923 by the founder's grandson, a baker named Josef Weber."]
+        np_close = float(vectors[0] @ embed([chunk.text[spans[0, 0]:spans[0, 1]]])[0])
+        assert np_close > 0.999  # the stored vector is that sentence's embedding (fp16)
+        kv_file = st.path / "kv" / doc.kv_file
+    # A KV file written before sentences were kept: the chunk loads without them, and ask-time code embeds them.
+    tensors = {k: v for k, v in load_file(kv_file).items() if "sentence" not in k}
+    save_file(tensors, str(kv_file))
+    with Store.open(store) as st:
+        old = st.load_chunk(st.chunk_ids(doc.path)[1])
+        assert old.sentences is None and old.text == chunk.text
+        (spans2, vectors2), = _sentences([old])
+        assert spans2.tolist() == spans.tolist()
+        assert float(vectors2[0] @ vectors[0]) > 0.999
