@@ -38,7 +38,8 @@ over the full vocabulary, and for cagkit kl_recovery = 1 - KL(cagkit) / KL(none)
 over prefix + context + continuations per size (timed as `native_decoder_ms`).
 
 `--blend R` times cagkit with cross-chunk repair (`cagkit ask --blend R`: R of the context tokens recomputed over
-every chunk); its quality is not measured here (use `cagkit eval --blend R`), so it needs `--no-quality`.
+every chunk; `--blend-select question` picks the sentences closest to the question); its quality is not measured
+here (use `cagkit eval --blend R`), so it needs `--no-quality`.
 
 Results go to `--out` (rewritten after every measurement, so a stopped run keeps what it measured): "rows" (TTFT,
 one per target, size and mode) and "quality" (one per target and size, with the per-point values). `--plot`
@@ -86,10 +87,12 @@ def main() -> int:
     parser.add_argument("--plot", default="docs/plots/long_context.png", help="'' for no plot")
     parser.add_argument("--replot", action="store_true", help="only redraw --plot from --out")
     parser.add_argument("--blend", type=float, default=0.0, help="cagkit with cross-chunk repair (needs --no-quality)")
+    parser.add_argument("--blend-select", default="deviation", help="which tokens --blend recomputes: deviation or "
+                        "question (cagkit ask --blend-select)")
     args = parser.parse_args()
     if args.blend and not args.no_quality:
         parser.error("--blend times cagkit only; add --no-quality (measure its quality with cagkit eval --blend)")
-    placement = Placement(blend=args.blend)
+    placement = Placement(blend=args.blend, blend_select=args.blend_select)
 
     out = Path(args.out)
     if args.replot:
@@ -343,7 +346,7 @@ def _print_tables(result: dict) -> None:
     print("| target | mode | context tokens | TTFT ms | load ms | translate ms | prefill ms |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in result["rows"]:
-        r = {**r, "mode": r["mode"] + (f", blend {r['blend']}" if r.get("blend") else "")}
+        r = {**r, "mode": r["mode"] + Placement.from_settings(r).describe()}
         if "error" in r:
             print(f"| {r['target']} | {r['mode']} | {r['context_tokens']} | error: {r['error'][:60]} | | | |")
         else:
