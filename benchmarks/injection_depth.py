@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cagkit.evaluation.runner import run_eval
 from cagkit.models import load_model
+from cagkit.placement import AS_STORED
 
 SWEEPS = {  # option -> (results folder, run_eval keyword, axis label, file suffix, default plot)
     "depths": ("depth", "recompute_layers", "target layers recomputed over each chunk alone", "k",
@@ -68,13 +69,15 @@ def main() -> int:
         if any(not 0 <= b <= 1 for b in values):
             parser.error("--blends must lie between 0 and 1")
     stem = f"{Path(args.data).stem}-{args.source}-{args.target}"
+    as_stored = AS_STORED.settings()  # what each sweep point departs from
     reference = run_eval(args.data, args.source, args.target, ["native"], args.limit,
-                         out=Path("results/depth") / f"{stem}-native.json")
+                         out=Path("results/depth") / f"{stem}-native.json", **as_stored)
     native = json.loads(reference.read_text())["methods"]["native"]
     base = native.get("f1", native.get("accuracy"))
     folder = Path("results") / folder_name
     select = "" if args.blend_select == "deviation" else f"-{args.blend_select}"
-    extra = {"blend_select": args.blend_select} if select else {}
+    if name == "blends":
+        as_stored["blend_select"] = args.blend_select
     rows = []
     for value in values:
         # One file per depth and kind (the layout of earlier runs); per ratio, one file holding every kind.
@@ -82,7 +85,7 @@ def main() -> int:
                  else dict.fromkeys(kinds, folder / f"{stem}-{suffix}{value}{select}.json"))
         for kind in kinds:
             out = run_eval(args.data, args.source, args.target, [kind] if name == "depths" else kinds, args.limit,
-                           out=files[kind], **{keyword: value}, **extra)
+                           out=files[kind], **{**as_stored, keyword: value})
             scores = json.loads(out.read_text())["methods"][kind]
             quality = scores.get("f1", scores.get("accuracy"))
             rows.append({"kind": kind, keyword: value, "quality": quality,

@@ -33,7 +33,7 @@ class Answer:
     model: str
     mode: str
     context_tokens: int = 0
-    placement: dict = field(default_factory=dict)  # the ask-time options that differ from the defaults
+    placement: dict = field(default_factory=dict)  # the ask-time options (`Placement.settings`); {} for native
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,9 +54,9 @@ def ask(
     mode: str = "mot",
     max_new_tokens: int = 64,
     on_text: Callable[[str], None] | None = None,
-    recompute_layers: int = 0,
-    blend: float = 0.0,
-    blend_select: str = "deviation",
+    recompute_layers: int = Placement.recompute_layers,
+    blend: float = Placement.blend,
+    blend_select: str = Placement.blend_select,
 ) -> Answer:
     """Answer `question` from the documents in `store` with `model`.
 
@@ -77,9 +77,9 @@ def ask(
             chunk (a partial prefill, about this share of a native one) and only the layers above are
             translated (the injection depth; 0 = the translator's default).
         blend: the share of context tokens the target recomputes with attention across all retrieved chunks
-            (see `Placement`); 0 = off.
-        blend_select: which tokens the blend recomputes: `deviation` (CacheBlend's choice) or `question` (the
-            sentences most similar to the question).
+            (see `Placement`); 0 places the chunks exactly as stored or translated (fastest).
+        blend_select: which tokens the blend recomputes: `question` (the sentences most similar to the
+            question) or `deviation` (CacheBlend's choice).
     """
     if mode not in MODES:
         raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
@@ -130,7 +130,8 @@ def answer_from_chunks(
         "tokens_per_s": decoded / gen.decode_s if decoded and gen.decode_s else 0.0,
     }
     sources = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in hits]
-    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens, placement.settings())
+    recorded = placement.settings() if mode != "native" else {}  # a native prefill places nothing
+    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens, recorded)
 
 
 @dataclass

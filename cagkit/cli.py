@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 from cagkit.errors import CagkitError
-from cagkit.placement import BLEND_SELECT
+from cagkit.placement import BLEND_SELECT, Placement
 
 DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
 keep the KV cache in a store, and answer with any target model from translated caches."""
@@ -32,7 +32,7 @@ def _cmd_ingest(args) -> int:
 
 
 def _cmd_ask(args) -> int:
-    from cagkit.ask import Placement, ask
+    from cagkit.ask import ask
 
     stream = None if args.json else (lambda piece: print(piece, end="", flush=True))
     result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
@@ -47,7 +47,7 @@ def _cmd_ask(args) -> int:
         print(f"  {s['score']:.3f}  {s['document']}  chunk {s['chunk']}")
     t = result.timings
     print(
-        f"\n{result.model} ({result.mode}{Placement(**result.placement).describe()}), {result.context_tokens} "
+        f"\n{result.model} ({result.mode}{Placement.from_settings(result.placement).describe()}), {result.context_tokens} "
         f"context tokens: retrieve {t['retrieve_ms']:.0f} ms, "
         f"load {t['load_ms']:.0f} ms, translate {t['translate_ms']:.0f} ms, prefill {t['prefill_ms']:.0f} ms, "
         f"first token {t['ttft_ms']:.0f} ms, {t['tokens_per_s']:.1f} tokens/s"
@@ -182,18 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_placement_options(p: argparse.ArgumentParser) -> None:
-    """The ask-time speed/quality options (`cagkit.ask.Placement`), shared by ask and eval."""
-    p.add_argument("--recompute-layers", type=int, default=0, metavar="K",
+    """The ask-time speed/quality options (`cagkit.placement.Placement`), shared by ask and eval."""
+    p.add_argument("--recompute-layers", type=int, default=Placement.recompute_layers, metavar="K",
                    help="translated modes: the target recomputes its bottom K layers over each chunk (about K/L of "
                         "a native prefill) and only the layers above are translated (default: %(default)s)")
-    p.add_argument("--blend", type=float, default=0.0, metavar="R",
+    p.add_argument("--blend", type=float, default=Placement.blend, metavar="R",
                    help="recompute this share of the context tokens with attention across all retrieved chunks, "
-                        "which chunks stored one at a time never had (0 to 1; slow on CPU: at 0.5 about as long as "
-                        "a native prefill; default: %(default)s)")
-    p.add_argument("--blend-select", default="deviation", metavar="{" + ",".join(BLEND_SELECT) + "}",
-                   help="which tokens --blend recomputes: those whose KV deviates most from a joint prefill of the "
-                        "bottom layers (CacheBlend's choice), or whole sentences, most similar to the question first "
-                        "(default: %(default)s)")
+                        "which chunks stored one at a time never had (0 to 1; 0 places them as stored, the fastest; "
+                        "1 is a joint prefill; default: %(default)s)")
+    p.add_argument("--blend-select", default=Placement.blend_select, metavar="{" + ",".join(BLEND_SELECT) + "}",
+                   help="which tokens --blend recomputes: whole sentences, most similar to the question first, or "
+                        "those whose KV deviates most from a joint prefill of the bottom layers (CacheBlend's "
+                        "choice) (default: %(default)s)")
 
 
 def _quiet_libraries() -> None:

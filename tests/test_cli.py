@@ -58,35 +58,42 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
     import importlib
 
     ask_module = importlib.import_module("cagkit.ask")
-    ratios, priorities = [], []
+    calls = []
     real = ask_module.blend_chunks
 
     def spy(model, prefix_ids, chunks, chunk_ids, ratio, tables=None, priority=None):
-        ratios.append(ratio)
-        priorities.append(priority)
+        calls.append((ratio, priority))
         return real(model, prefix_ids, chunks, chunk_ids, ratio, tables, priority)
 
     monkeypatch.setattr(ask_module, "blend_chunks", spy)
     question = "Where can a chunk be placed?"
-    capsys.readouterr()
-    assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6",
-                 "--blend", "0.5", "--json"]) == 0
-    assert ratios == [0.5]
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["placement"] == {"blend": 0.5}
-    assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6, blend=0.5).answer
-    assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6"]) == 0
-    assert ratios == [0.5, 0.5]  # the default places the chunks as stored
-    assert "(reuse), " in capsys.readouterr().out
-    assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6",
-                 "--blend", "0.5"]) == 0
-    assert "(reuse, blend 0.5), " in capsys.readouterr().out
-    assert priorities == [None, None, None]  # CacheBlend's selection by deviation
-    assert main(["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6",
-                 "--blend", "0.5", "--blend-select", "question", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["placement"] == {"blend": 0.5, "blend_select": "question"}
-    assert priorities[-1] is not None and len(priorities[-1]) == result["context_tokens"]
+    base = ["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6"]
+
+    def run(*options, json_out=True):
+        capsys.readouterr()
+        assert main(base + list(options) + (["--json"] if json_out else [])) == 0
+        out = capsys.readouterr().out
+        return json.loads(out.strip().splitlines()[-1]) if json_out else out
+
+    # The default: 15% of the tokens, the sentences closest to the question, recomputed.
+    result = run()
+    assert result["placement"] == {"recompute_layers": 0, "blend": 0.15, "blend_select": "question"}
+    (ratio, priority), = calls
+    assert ratio == 0.15 and len(priority) == result["context_tokens"]
+    assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6).answer
+    assert "(reuse, blend 0.15 by question), " in run(json_out=False)
+
+    result = run("--blend", "0.5", "--blend-select", "deviation")
+    assert result["placement"]["blend"] == 0.5 and calls[-1] == (0.5, None)  # CacheBlend's selection
+    assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6, blend=0.5,
+                                   blend_select="deviation").answer
+    assert "(reuse, blend 0.5), " in run("--blend", "0.5", "--blend-select", "deviation", json_out=False)
+
+    count = len(calls)
+    result = run("--blend", "0")
+    assert len(calls) == count  # chunks placed as stored: no blend at all
+    assert "(reuse), " in run("--blend", "0", json_out=False)
+    assert run("--mode", "native")["placement"] == {}  # a native prefill places nothing
 
 
 @pytest.mark.parametrize(

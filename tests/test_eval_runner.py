@@ -295,7 +295,7 @@ def test_blend_one_gives_the_target_s_joint_prefill_of_the_chunks(models, tmp_pa
         hits = example_hits(store, "Where?", [str((tmp_path / "docs" / "paris.txt").resolve())], 3, False)
         blended = build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=1.0))
         by_question = build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=1.0, blend_select="question"))
-        plain = build_context_cache(lm, store, hits, "Where?", "linear")
+        plain = build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=0.0))
         placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
         ids = [t for h in placed for t in lm.tokenizer(h.text, add_special_tokens=False)["input_ids"]]
     prefix_ids, _ = prompt_parts(lm, "Where?")
@@ -311,10 +311,18 @@ def test_blend_one_gives_the_target_s_joint_prefill_of_the_chunks(models, tmp_pa
     data.write_text(json.dumps({"id": "q1", "question": "Where?", "answers": ["Paris"], "context": PARIS}) + "\n")
     args = dict(data=data, source=SOURCE, target=OTHER, methods=["linear"], store=tmp_path / "store2",
                 out=tmp_path / "results.json", max_new_tokens=2)
-    run_eval(**args, blend=0.5)
+    run_eval(**args, blend=0.5, blend_select="deviation")
     run = json.loads((tmp_path / "results.json").read_text())
-    assert run["settings"]["blend"] == 0.5 and "--blend 0.5" in run["command"]
+    assert run["settings"]["blend"] == 0.5 and "--blend 0.5 --blend-select deviation" in run["command"]
+    with pytest.raises(CagkitError, match="blend"):
+        run_eval(**args)  # the default, 0.15 by question
+    with pytest.raises(CagkitError, match="blend_select"):
+        run_eval(**args, blend=0.5)
+    # A file written before every placement option was recorded placed the chunks as stored.
+    for key in ("recompute_layers", "blend", "blend_select"):
+        del run["settings"][key]
+    (tmp_path / "results.json").write_text(json.dumps(run))
     with pytest.raises(CagkitError, match="blend"):
         run_eval(**args)
-    with pytest.raises(CagkitError, match="blend"):
-        run_eval(**args, blend=0.5, blend_select="question")
+    run_eval(**args, blend=0.0)
+    assert "--blend 0 " in json.loads((tmp_path / "results.json").read_text())["command"] + " "

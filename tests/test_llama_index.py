@@ -150,13 +150,16 @@ def test_engine_placement_options_reach_the_answer(store):
     engine = CAGQueryEngine.from_store(store, similarity_top_k=3, model="tiny-llama", max_new_tokens=8,
                                        placement=Placement(blend=0.5))
     blended = ask(question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, blend=0.5)
-    plain = ask(question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8)
+    plain = ask(question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, blend=0.0)
     assert blended.answer != plain.answer  # so the engine's answer shows whether it blended
     assert engine.query(question).response == blended.answer
     narrower = engine.with_retriever(CAGRetriever(store=store, similarity_top_k=3))
     assert narrower.placement == Placement(blend=0.5)
     with pytest.raises(CagkitError, match="--blend"):
         CAGQueryEngine.from_store(store, model="tiny-llama", placement=Placement(blend=2.0))
+    default = CAGQueryEngine.from_store(store, similarity_top_k=3, model="tiny-llama", max_new_tokens=8)
+    assert default.placement == Placement() and default.query(question).response == ask(
+        question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8).answer
 
 
 def test_engine_refuses_nodes_that_are_not_from_a_store(store):

@@ -36,13 +36,14 @@ from pathlib import Path
 
 import torch
 
-from cagkit.ask import Placement, answer_from_chunks, build_context_cache
+from cagkit.ask import answer_from_chunks, build_context_cache
 from cagkit.embeddings import embed
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest import DEFAULT_CHUNK_TOKENS, ingest
 from cagkit.models import LoadedModel, load_model
+from cagkit.placement import PLACEMENT_FIELDS, Placement
 from cagkit.store import DTYPES, Hit, Store
 
 METHODS = ("native", "none", "source", "linear", "projector", "mot", "oracle")
@@ -65,9 +66,9 @@ def run_eval(
     max_new_tokens: int = 24,
     store: str | Path | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    recompute_layers: int = 0,
-    blend: float = 0.0,
-    blend_select: str = "deviation",
+    recompute_layers: int = Placement.recompute_layers,
+    blend: float = Placement.blend,
+    blend_select: str = Placement.blend_select,
 ) -> Path:
     """Evaluate `methods` on the questions of `data` and write the results JSON; returns its path.
 
@@ -84,11 +85,12 @@ def run_eval(
         max_new_tokens: the longest generated answer, in tokens.
         store: the store to ingest into (default `results/stores/<data stem>-<source>`).
         chunk_tokens: the most source tokens per chunk, for a new store.
-        recompute_layers: translated methods get the target's own bottom this many layers (`cagkit.ask`);
-            recorded in the settings only when not 0.
+        recompute_layers: translated methods get the target's own bottom this many layers (`cagkit.ask`).
         blend: every method that places chunks (all but native and none) has this share of the context
-            tokens recomputed across chunks (`cagkit.blend`); recorded in the settings only when not 0.
-        blend_select: which tokens the blend recomputes (`Placement.blend_select`); recorded when not the default.
+            tokens recomputed across chunks (`cagkit.blend`); 0 places them as stored.
+        blend_select: which tokens the blend recomputes (`Placement.blend_select`).
+        The three placement options are recorded in the settings, and a results file is resumed only by a run
+        with the same ones.
     """
     placement = Placement(recompute_layers, blend, blend_select)
     methods = _check_methods(methods)
@@ -380,9 +382,10 @@ def _load_previous(out: Path, results: dict) -> dict:
 
 def _identity(results: dict) -> dict:
     """What must match for a run to continue another's results file."""
-    settings = {k: v for k, v in (results.get("settings") or {}).items() if k not in _RESUMABLE_CHANGES}
+    recorded = results.get("settings") or {}
+    settings = {k: v for k, v in recorded.items() if k not in _RESUMABLE_CHANGES and k not in PLACEMENT_FIELDS}
     keys = ("dataset", "format", "source", "target", "fingerprints")
-    return {**{k: results.get(k) for k in keys}, **settings}
+    return {**{k: results.get(k) for k in keys}, **settings, **Placement.from_settings(recorded).effective().settings()}
 
 
 def write_json_atomic(path: Path, results: dict) -> None:
