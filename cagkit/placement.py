@@ -65,7 +65,10 @@ class Placement:
     def cli_args(self) -> list[str]:
         """The `cagkit ask` / `cagkit eval` options that reproduce this placement (those not at the default)."""
         default = Placement()
-        return [arg for k, v in asdict(self).items() if v != getattr(default, k)
+        changed = {k: v for k, v in asdict(self).items() if v != getattr(default, k)}
+        if not self.blend:
+            changed.pop("blend_select", None)  # which tokens a blend of 0 would pick does not matter
+        return [arg for k, v in changed.items()
                 for arg in (f"--{k.replace('_', '-')}", f"{v:g}" if isinstance(v, float) else str(v))]
 
     @classmethod

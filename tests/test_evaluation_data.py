@@ -10,6 +10,7 @@ from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS, Example, detect_format, load_examples, split_options
 from cagkit.evaluation.metrics import exact_match, f1, letter_or_text_to_index, mean, median, normalize_answer
 from cagkit.evaluation.report import write_report
+from cagkit.placement import Placement
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -375,7 +376,8 @@ def test_report_tables_and_plots(tmp_path):
     assert "| method | accuracy | recovery vs native |" in text
     assert "| none | 0.500 | — | 20 | — | 1,234,567 | 8 |" in text
     assert "Settings: top_k=4, full_context=false, limit=50, max_new_tokens=24, chunk_tokens=256" in text
-    assert "```\ncagkit eval --data squad.json --source smollm2 --target gemma\n```" in text
+    # written before every placement option was recorded: chunks placed as stored, which is no longer the default
+    assert "```\ncagkit eval --data squad.json --source smollm2 --target gemma --blend 0\n```" in text
     assert "## smollm2 → gemma, dev-v2.0.part-a.json" in text
     for name in ("quality_by_method.png", "quality_vs_ttft.png"):
         assert f"](plots/{name})" in text
@@ -392,6 +394,13 @@ def test_report_names_placement_options_in_the_run_label(tmp_path):
     text = (tmp_path / "B.md").read_text()
     assert "## smollm2 → gemma, dev-v2.0.part-a.json\n" in text
     assert "## smollm2 → gemma, dev-v2.0.part-a.json, blend 0.5\n" in text
+    assert "--target gemma --blend 0.5 --blend-select deviation\n```" in text  # reproduces it under today's defaults
+    run["settings"].update(Placement().settings())  # a run at today's default records every option
+    blended.write_text(json.dumps(run))
+    write_report([blended], tmp_path / "C.md", tmp_path / "plots")
+    text = (tmp_path / "C.md").read_text()
+    assert "## smollm2 → gemma, dev-v2.0.part-a.json, blend 0.15 by question\n" in text
+    assert "```\ncagkit eval --data squad.json --source smollm2 --target gemma\n```" in text
 
 
 def test_report_rejects_incomplete_results(tmp_path):

@@ -30,6 +30,7 @@ Any number may be null (shown as a dash). The report ignores "examples".
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,7 +134,17 @@ def _section(run: dict) -> list[str]:
     lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for method in _method_order([run]):
         lines.append("| " + " | ".join([method, *_row(run["methods"][method], closed_set)]) + " |")
-    return lines + ["", "Reproduce with:", "", "```", run["command"], "```", ""]
+    return lines + ["", "Reproduce with:", "", "```", reproduce_command(run), "```", ""]
+
+
+def reproduce_command(run: dict) -> str:
+    """The run's recorded command, plus any placement option it left out because it was the default when the file
+    was written (older files), so that the command still reproduces the run under today's defaults."""
+    parts = shlex.split(run["command"])
+    options = Placement.from_settings(run.get("settings") or {}).cli_args()
+    missing = [arg for flag, value in zip(options[::2], options[1::2]) if flag not in parts for arg in (flag, value)]
+    at = parts.index("--out") if "--out" in parts else len(parts)
+    return shlex.join(parts[:at] + missing + parts[at:])
 
 
 def _row(scores: dict, closed_set: bool) -> list[str]:
