@@ -28,7 +28,7 @@ from pathlib import Path
 
 from cagkit.evaluation.runner import run_eval
 from cagkit.models import load_model
-from cagkit.placement import AS_STORED
+from cagkit.placement import AS_STORED, BLEND_SELECT
 
 SWEEPS = {  # option -> (results folder, run_eval keyword, axis label, file suffix, default plot)
     "depths": ("depth", "recompute_layers", "target layers recomputed over each chunk alone", "k",
@@ -48,7 +48,7 @@ def main() -> int:
     sweep = parser.add_mutually_exclusive_group()
     sweep.add_argument("--depths", default=None, help="recomputed bottom layers (default sweep: 0,2,4,9,18)")
     sweep.add_argument("--blends", default=None, help="cross-chunk repair ratios, e.g. 0,0.15,0.3,0.5,1")
-    parser.add_argument("--blend-select", default="deviation", choices=("deviation", "question"),
+    parser.add_argument("--blend-select", default="deviation", choices=BLEND_SELECT,
                         help="with --blends: which tokens are recomputed (cagkit eval --blend-select)")
     parser.add_argument("--limit", type=int, default=30)
     parser.add_argument("--plot", default=None, help="PNG path (default per sweep, under docs/plots/)")

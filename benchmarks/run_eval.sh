@@ -20,7 +20,8 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 cagkit eval --data "$DATA/squad_v2/dev-v2.0.part-a.json" --source smollm2 --target smollm2 \
   --methods native,none,source --limit "$LIMIT" --out results/squad_v2-smollm2-smollm2.json
 
-# Every method, smollm2's stored cache answered by gemma and by qwen: both_targets NAME FILE [extra flags].
+# Every method, smollm2's stored cache answered by gemma and by qwen, with the default placement (15% of the
+# context tokens, the sentences closest to the question, recomputed across chunks): both_targets NAME FILE [flags].
 # `oracle` (the target's own per-chunk caches) is the ceiling of every translated method on this store layout.
 METHODS="native,none,source,linear,projector,mot,oracle"
 both_targets() {
@@ -44,11 +45,17 @@ both_targets leval_tpo leval/tpo.part-a.jsonl
 # Short articles (about 350 tokens): RACE, closed-set, the whole article as context.
 LIMIT="${RACE_LIMIT:-200}" both_targets race race/race.jsonl --full-context
 
-# Cross-chunk repair: every method again on SQuAD with half the context tokens recomputed across chunks.
+# Every method again on SQuAD with the chunks placed exactly as stored or translated (no cross-chunk repair): what
+# the translators carry on their own. The runs above use the default, 15% of the tokens recomputed by question.
 for target in gemma qwen; do
   cagkit eval --data "$DATA/squad_v2/dev-v2.0.part-a.json" --source smollm2 --target "$target" --methods "$METHODS" \
-    --limit "$LIMIT" --blend 0.5 --out "results/squad_v2-smollm2-$target-blend0.5.json"
+    --limit "$LIMIT" --blend 0 --out "results/squad_v2-smollm2-$target-as-stored.json"
 done
+
+# Which tokens to recompute and how many: the question's sentences against CacheBlend's deviation, for MoT.
+python benchmarks/injection_depth.py --target gemma --blends 0.05,0.15,0.3 --blend-select question --kinds mot,linear \
+  --limit "$LIMIT"
+python benchmarks/injection_depth.py --target gemma --blends 0.15,0.5 --kinds mot --limit "$LIMIT"
 
 # Injection depth: quality and TTFT as the target recomputes 0..L of its bottom layers over each chunk.
 python benchmarks/injection_depth.py --target gemma --depths 0,2,4,9,18 --limit 30

@@ -59,12 +59,13 @@ from pathlib import Path
 
 import torch
 
-from cagkit.ask import Placement, answer_from_chunks
+from cagkit.ask import answer_from_chunks
 from cagkit.errors import CagkitError
 from cagkit.generation import prompt_parts
 from cagkit.ingest import ingest
 from cagkit.kvcache import ChunkKV, place_chunks, prefix_cache
 from cagkit.models import load_model
+from cagkit.placement import BLEND_SELECT, Placement
 from cagkit.rope import RotaryTables
 from cagkit.store import Hit, Store
 from cagkit.training import _continuation_logp, _logits
@@ -87,8 +88,8 @@ def main() -> int:
     parser.add_argument("--plot", default="docs/plots/long_context.png", help="'' for no plot")
     parser.add_argument("--replot", action="store_true", help="only redraw --plot from --out")
     parser.add_argument("--blend", type=float, default=0.0, help="cagkit with cross-chunk repair (needs --no-quality)")
-    parser.add_argument("--blend-select", default="deviation", help="which tokens --blend recomputes: deviation or "
-                        "question (cagkit ask --blend-select)")
+    parser.add_argument("--blend-select", default="deviation", choices=BLEND_SELECT,
+                        help="which tokens --blend recomputes (cagkit ask --blend-select)")
     args = parser.parse_args()
     if args.blend and not args.no_quality:
         parser.error("--blend times cagkit only; add --no-quality (measure its quality with cagkit eval --blend)")

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from cagkit.errors import CagkitError
 
-BLEND_SELECT = ("deviation", "question")
+BLEND_SELECT = ("question", "deviation")
 
 
 @dataclass(frozen=True)

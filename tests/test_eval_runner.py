@@ -239,7 +239,7 @@ def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeyp
             build_context_cache(lm, store, hits, "Where?", "linear", Placement(recompute_layers=7))
         with pytest.raises(CagkitError, match="--blend"):
             build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=-0.1))
-        with pytest.raises(CagkitError, match="--blend-select must be one of deviation, question"):
+        with pytest.raises(CagkitError, match="--blend-select must be one of question, deviation"):
             build_context_cache(lm, store, hits, "Where?", "linear", Placement(blend=0.5, blend_select="random"))
     # A partial prefill gives exactly the bottom layers of a full one.
     ids = lm.tokenizer(PARIS, add_special_tokens=False)["input_ids"]
