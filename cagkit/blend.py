@@ -7,8 +7,9 @@ the same text gives (cagkit's `oracle` method measures that loss). `blend` repai
 
 1. the target prefills its bottom two layers over the whole context jointly (2/L of a native prefill); those
    layers of every token are replaced by the joint, exact KV;
-2. the tokens whose layer-1 KV deviates most between the joint prefill and the placed cache are selected (a
-   `ratio` share of the context);
+2. a `ratio` share of the context's tokens is selected: those whose layer-1 KV deviates most between the joint
+   prefill and the placed cache (CacheBlend's choice), or those of a given `priority` order, such as
+   `question_priority` (whole sentences, the ones most similar to the question first);
 3. the target recomputes the selected tokens through every layer in one forward pass, attending to the placed
    KV of the others and to each other's new KV (their stale entries left out), and their KV is replaced at
    every layer.
@@ -124,24 +125,24 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask[None, None]
 
 
-
 def question_priority(question_vector, sentences: list[tuple], offsets: list[torch.Tensor]) -> torch.Tensor:
     """Per context token, how relevant its sentence is to the question: the selection order for `blend` that
     recomputes whole sentences, most similar first, instead of the tokens the layer-1 deviation picks.
 
     question_vector: the question's unit embedding [E]; sentences: per chunk, its sentence character spans
     [S, 2] and unit embeddings [S, E] (`cagkit.embeddings.embed_with_sentences`, or as the store keeps them);
-    offsets: per chunk, the [T, 2] character spans of its KV positions' tokens. Tokens in no sentence come
-    last; within a sentence earlier tokens come first, so a sentence cut by the budget keeps its start.
+    offsets: per chunk, the [T, 2] character spans of its KV positions' tokens; a token belongs to the sentence
+    holding its last character (so " The" opens its sentence). Tokens in no sentence (whitespace between them)
+    come last; within a sentence earlier tokens come first, so a sentence cut by the budget keeps its start.
     """
     query = torch.as_tensor(question_vector, dtype=torch.float64)
     out = []
     for (spans, vectors), token_spans in zip(sentences, offsets, strict=True):
-        token_starts = torch.as_tensor(token_spans, dtype=torch.long).reshape(-1, 2)[:, 0]
-        priority = torch.full((len(token_starts),), -2.0, dtype=torch.float64)
+        last_chars = torch.as_tensor(token_spans, dtype=torch.long).reshape(-1, 2)[:, 1] - 1
+        priority = torch.full((len(last_chars),), -2.0, dtype=torch.float64)
         scores = torch.as_tensor(vectors, dtype=torch.float64) @ query  # [S]
         for score, (lo, hi) in zip(scores, torch.as_tensor(spans).tolist()):
-            priority[(token_starts >= lo) & (token_starts < hi)] = score
+            priority[(last_chars >= lo) & (last_chars < hi)] = score
         # the step is far below any score difference that matters
         out.append(priority - 1e-6 * torch.arange(len(priority), dtype=torch.float64) / max(len(priority), 1))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import re
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from cagkit.documents import sentence_spans
 from cagkit.errors import ModelError
 
 EMBEDDER_NAME = "all-MiniLM-L6-v2"
@@ -38,20 +38,6 @@ def embed(texts: list[str]) -> np.ndarray:
     vectors = _embedder().encode(texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
     return np.asarray(vectors, dtype=np.float32)
 
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*")
-
-
-def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans of `text`'s sentences (split after . ! ? and at line breaks), covering it end to end."""
-    spans, start = [], 0
-    for match in _SENTENCE_END.finditer(text):
-        if match.end() > start:
-            spans.append((start, match.end()))
-            start = match.end()
-    if start < len(text):
-        spans.append((start, len(text)))
-    return spans
 
 
 def embed_with_sentences(texts: list[str]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
