@@ -180,7 +180,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     if placement.blend:
         priority = None
         if placement.blend_select == "question":
-            offsets = [_token_offsets(lm, store, c, chunk_ids) for c, chunk_ids in zip(stored, ids)]
+            offsets = [_token_offsets(lm, c, chunk_ids) for c, chunk_ids in zip(stored, ids)]
             priority = question_priority(embed([question])[0], _sentences(stored), offsets)
         kvs = blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
     translate_s = time.perf_counter() - loaded_at
@@ -224,7 +224,7 @@ def _sentences(chunks: list[StoredChunk]) -> list[tuple]:
     return [c.sentences if c.sentences is not None else next(computed) for c in chunks]
 
 
-def _token_offsets(lm: LoadedModel, store: Store, chunk: StoredChunk, ids: list[int]) -> torch.Tensor:
+def _token_offsets(lm: LoadedModel, chunk: StoredChunk, ids: list[int]) -> torch.Tensor:
     """[T, 2] character spans in `chunk.text` of the chunk's KV positions `ids` (the target's tokens)."""
     if list(ids) == list(chunk.token_ids):
         return torch.as_tensor(chunk.offsets)

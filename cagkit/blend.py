@@ -64,7 +64,7 @@ def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[l
     if priority is not None and priority.shape != (total,):
         raise ValueError(f"priority has shape {tuple(priority.shape)}, expected ({total},): one per context token")
     count = max(1, round(ratio * total))
-    order = deviation if priority is None else priority.float()
+    order = deviation if priority is None else priority  # kept in its own precision: ties are broken by tiny steps
     chosen = torch.topk(order, count).indices.sort().values  # chunk-relative indices
     if joint_layers < num_layers:
         new_k, new_v = _recompute(model, ids, start, ChunkKV(keys, values), chosen, tables)
