@@ -39,7 +39,6 @@ def embed(texts: list[str]) -> np.ndarray:
     return np.asarray(vectors, dtype=np.float32)
 
 
-
 def embed_with_sentences(texts: list[str]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Embeddings of `texts` [N, E], and per text its sentence spans [S, 2] and their embeddings [S, E], from one
     batch through the embedder (what ingest stores for `--blend-select question`)."""
