@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from cagkit.blend import blend as blend_chunks, question_priority
-from cagkit.embeddings import embed, embed_with_sentences
+from cagkit.embeddings import embed_query, embed_with_sentences
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
@@ -43,7 +43,7 @@ def retrieve(store: Store, question: str, top_k: int) -> list[Hit]:
     """The `top_k` chunks of `store` closest to `question`, best first."""
     if top_k < 1:
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
-    return store.search(embed([question])[0], top_k)
+    return store.search(embed_query(question), top_k)
 
 
 def ask(
@@ -181,7 +181,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         priority = None
         if placement.blend_select == "question":
             offsets = [_token_offsets(lm, c, chunk_ids) for c, chunk_ids in zip(stored, ids)]
-            priority = question_priority(embed([question])[0], _sentences(stored), offsets)
+            priority = question_priority(embed_query(question), _sentences(stored), offsets)
         kvs = blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
     translate_s = time.perf_counter() - loaded_at
     cache = prefix_cache(lm.model, prefix_ids)

@@ -135,7 +135,7 @@ def question_priority(question_vector, sentences: list[tuple], offsets: list[tor
     holding its last character (so " The" opens its sentence). Tokens in no sentence (whitespace between them)
     come last; within a sentence earlier tokens come first, so a sentence cut by the budget keeps its start.
     """
-    query = torch.as_tensor(question_vector, dtype=torch.float64)
+    query = torch.tensor(question_vector, dtype=torch.float64)  # a copy: the vector may be read-only
     out = []
     for (spans, vectors), token_spans in zip(sentences, offsets, strict=True):
         last_chars = torch.as_tensor(token_spans, dtype=torch.long).reshape(-1, 2)[:, 1] - 1

@@ -278,18 +278,18 @@ def chunk_text(text: str, count_tokens: Callable[[str], int], max_tokens: int) -
 
 Span = tuple[int, int]
 
-
-def sentence_spans(text: str) -> list[Span]:
-    """Character spans of `text`'s sentences, split where the chunker splits sentences (after . ! ? … and closing
-    quotes, after CJK full stops, at line breaks), whitespace trimmed, in order."""
-    return _Chunker(text, len, 1).pieces((0, len(text)), _SENTENCE_BREAK)
-
 # Separators, from coarsest to finest. A separator is the last group that matched, or the whole match.
 _PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*\n\s*")
 # After sentence punctuation (and closing quotes/brackets) or at a line break; CJK full stops need no space.
 _SENTENCE_BREAK = re.compile(r"[.!?…][\"'”’)\]]*(\s+)|[。！？](\s*)|([^\S\n]*\n\s*)")
 _WORD_BREAK = re.compile(r"\s+")
 _SEPARATORS = (_PARAGRAPH_BREAK, _SENTENCE_BREAK, _WORD_BREAK)
+
+
+def sentence_spans(text: str) -> list[Span]:
+    """Character spans of `text`'s sentences, split where the chunker splits sentences (after . ! ? … and closing
+    quotes, after CJK full stops, at line breaks), whitespace trimmed, in order."""
+    return _Chunker(text, len, 1).pieces((0, len(text)), _SENTENCE_BREAK)
 
 
 class _Chunker:

@@ -39,6 +39,14 @@ def embed(texts: list[str]) -> np.ndarray:
     return np.asarray(vectors, dtype=np.float32)
 
 
+@lru_cache(maxsize=64)
+def embed_query(text: str) -> np.ndarray:
+    """The unit embedding [E] of one question, cached: retrieval and the question-selected repair both need it."""
+    vector = embed([text])[0]
+    vector.setflags(write=False)  # shared between callers through the cache
+    return vector
+
+
 def embed_with_sentences(texts: list[str]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Embeddings of `texts` [N, E], and per text its sentence spans [S, 2] and their embeddings [S, E], from one
     batch through the embedder (what ingest stores for `--blend-select question`)."""

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from cagkit.ask import answer_from_chunks, build_context_cache
-from cagkit.embeddings import embed
+from cagkit.embeddings import embed_query
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
@@ -200,7 +200,7 @@ def example_hits(store: Store, question: str, doc_paths: list[str], top_k: int, 
     first, or with `full_context` all their chunks in document order."""
     wanted = set(doc_paths)
     # Store.search ranks the whole store; keeping the example's documents afterwards restricts retrieval to them.
-    ranked = [h for h in store.search(embed([question])[0], store.num_chunks()) if h.doc_path in wanted]
+    ranked = [h for h in store.search(embed_query(question), store.num_chunks()) if h.doc_path in wanted]
     if full_context:
         order = {p: i for i, p in enumerate(doc_paths)}
         return sorted(ranked, key=lambda h: (order[h.doc_path], h.idx))
