@@ -85,6 +85,31 @@ def _cmd_translators_train(args) -> int:
     return 0
 
 
+def _cmd_translators_list(args) -> int:
+    from cagkit.translators import HELDOUT_BAR, list_translators, translators_dir
+
+    rows = list_translators(args.dir)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        print(f"no translators in {args.dir or translators_dir()}; train one with `cagkit translators train`")
+        return 0
+
+    def score(a, b) -> str:
+        return "-" if a is None or b is None else f"{a:.2f} / {b:.2f}"
+
+    print(f"{'source':<8} {'target':<8} {'kind':<9} {'steps':>5} {'tokens':>7}  {'next text':>11}  {'recall':>11}  "
+          f"bar ({HELDOUT_BAR:.0%} of next text)")
+    for r in rows:
+        tokens = f"{r['training_tokens'] / 1000:.1f}k" if r["training_tokens"] else "-"
+        print(f"{r['source']:<8} {r['target']:<8} {r['kind']:<9} {r['steps'] if r['steps'] is not None else '-':>5} "
+              f"{tokens:>7}  {score(r['next_loss'], r['next_kl']):>11}  {score(r['recall_loss'], r['recall_kl']):>11}  "
+              f"{r['bar']}")
+    print("held-out recovery, loss / KL: the share of the no-context -> native gap the translated context closes")
+    return 0
+
+
 def _cmd_eval(args) -> int:
     from cagkit.evaluation.runner import run_eval
 
@@ -141,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_models)
 
-    p = sub.add_parser("translators", help="train KV translators between models")
+    p = sub.add_parser("translators", help="train KV translators between models, or list them")
     tsub = p.add_subparsers(dest="translators_command", required=True)
     t = tsub.add_parser("train", help="train a translator from SOURCE's KV space to TARGET's (resumes if interrupted)")
     t.add_argument("--source", required=True)
@@ -156,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--work-dir", default=None, help="paired-prefill data and resumable state (default: $CAGKIT_HOME/train/SOURCE__TARGET)")
     t.add_argument("--out", default=None, help="checkpoint path (default: translators/SOURCE__TARGET.safetensors)")
     t.set_defaults(func=_cmd_translators_train)
+    t = tsub.add_parser("list", help="the translators cagkit uses, with their held-out scores from the cards")
+    t.add_argument("--dir", default=None, help="folder of checkpoints (default: the shipped translators/, or "
+                                                "$CAGKIT_TRANSLATORS)")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_cmd_translators_list)
 
     p = sub.add_parser("eval", help="measure answer quality and speed of each method on a QA data set")
     p.add_argument("--data", required=True, help="JSONL (cagkit format), SQuAD v2 JSON, HotpotQA, L-Eval or RACE file")

@@ -351,6 +351,48 @@ def train_command(source: str, target: str, kind: str = "mot") -> str:
     return f"cagkit translators train --source {source} --target {target} --corpus ../shared/data/corpus{kind_flag}"
 
 
+HELDOUT_BAR = 0.95  # issue bar: share of the no-context -> native gap that the translated context closes
+
+
+def list_translators(directory: Path | None = None) -> list[dict]:
+    """One row per checkpoint in `directory` (default `translators_dir()`), from its card alone (no weights are
+    read): the pair, kind, training size and held-out recovery on next text and on recall, by loss and by KL.
+
+    `bar` says whether next-text recovery reaches `HELDOUT_BAR`: "yes" when both the loss and the KL to native
+    do, "loss only" when the loss does but the KL does not (the translated context sharpened the prediction
+    rather than reproducing the native one), else "no"; "unknown" when the card has no held-out scores.
+    """
+    directory = Path(directory) if directory else translators_dir()
+    rows = []
+    for path in sorted(directory.glob("*__*.safetensors")):
+        pair, _, kind = path.name[: -len(".safetensors")].partition(".")
+        source, _, target = pair.partition("__")
+        card_file = card_path(path)
+        try:
+            card = json.loads(card_file.read_text(encoding="utf-8")) if card_file.exists() else {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TranslatorError(f"translator card {card_file} is not readable JSON ({exc}); restore it from git "
+                                  f"or retrain with `{train_command(source, target, kind or 'mot')}`") from None
+        heldout = card.get("heldout") or {}
+        recall = heldout.get("recall") or {}
+        row = {
+            "source": source, "target": target, "kind": kind or "mot", "path": str(path),
+            "steps": card.get("steps"), "training_tokens": card.get("training_tokens"),
+            "next_loss": (heldout.get("recovery") or {}).get("translated"),
+            "next_kl": (heldout.get("kl_recovery") or {}).get("translated"),
+            "recall_loss": (recall.get("recovery") or {}).get("translated"),
+            "recall_kl": (recall.get("kl_recovery") or {}).get("translated"),
+        }
+        if row["next_loss"] is None or row["next_kl"] is None:
+            row["bar"] = "unknown"
+        elif row["next_loss"] >= HELDOUT_BAR:
+            row["bar"] = "yes" if row["next_kl"] >= HELDOUT_BAR else "loss only"
+        else:
+            row["bar"] = "no"
+        rows.append(row)
+    return rows
+
+
 def read_translator(path: Path) -> Translator:
     """Load a checkpoint file as it is, without checking which models it is for."""
     from safetensors import safe_open

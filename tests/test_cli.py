@@ -131,3 +131,45 @@ def test_missing_translator_names_the_file_and_the_train_command(store, tiny_gem
     assert main(["ask", "q?", "--store", str(store), "--model", "tiny-gemma"]) == 2
     line = _error_line(capsys)
     assert "tiny-llama__tiny-gemma" in line and "cagkit translators train" in line
+
+
+def _card(next_loss, next_kl, recall=None) -> dict:
+    heldout = {"recovery": {"native": 1.0, "translated": next_loss},
+               "kl_recovery": {"native": 1.0, "translated": next_kl}}
+    if recall:
+        heldout["recall"] = {"recovery": {"translated": recall[0]}, "kl_recovery": {"translated": recall[1]}}
+    return {"kind": "mot", "steps": 400, "training_tokens": 25600, "heldout": heldout}
+
+
+def test_translators_list_reads_the_cards_and_judges_the_bar(tmp_path, capsys):
+    cards = {"a__b": _card(0.97, 0.96, (0.7, 0.71)), "a__c": _card(1.06, 0.65), "b__a.linear": _card(0.4, 0.39),
+             "c__a": {}}
+    for stem, card in cards.items():
+        (tmp_path / f"{stem}.safetensors").write_bytes(b"not read")
+        if card:
+            (tmp_path / f"{stem}.json").write_text(json.dumps(card))
+    assert main(["translators", "list", "--dir", str(tmp_path), "--json"]) == 0
+    rows = {(r["source"], r["target"], r["kind"]): r for r in json.loads(capsys.readouterr().out)}
+    assert {k: r["bar"] for k, r in rows.items()} == {
+        ("a", "b", "mot"): "yes", ("a", "c", "mot"): "loss only", ("b", "a", "linear"): "no",
+        ("c", "a", "mot"): "unknown"}
+    assert rows[("a", "b", "mot")]["recall_kl"] == 0.71 and rows[("a", "c", "mot")]["recall_loss"] is None
+    assert main(["translators", "list", "--dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:3] == ["a", "b", "mot"] and "0.97 / 0.96" in line and line.endswith("yes")
+               for line in lines)
+
+
+def test_translators_list_names_a_broken_card(tmp_path, capsys):
+    (tmp_path / "a__b.safetensors").write_bytes(b"not read")
+    (tmp_path / "a__b.json").write_text("{half")
+    assert main(["translators", "list", "--dir", str(tmp_path)]) == 2
+    line = _error_line(capsys)
+    assert "a__b.json" in line and "cagkit translators train --source a --target b" in line
+
+
+def test_translators_list_on_the_shipped_folder_has_every_pair(capsys):
+    assert main(["translators", "list", "--json"]) == 0
+    pairs = {(r["source"], r["target"]) for r in json.loads(capsys.readouterr().out) if r["kind"] == "mot"}
+    names = ("smollm2", "gemma", "qwen")
+    assert pairs == {(s, t) for s in names for t in names if s != t}
