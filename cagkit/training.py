@@ -8,7 +8,7 @@ there (the Context Correction targets). In a share of the examples (`recall_frac
 instead a span copied from the prefix: the target replays it natively by looking it up in the context, which
 is what answering a question about a document needs, and the translated keys have to support the same look-up.
 Examples are stored in fp16 shards under the work dir; generation
-resumes shard by shard.
+resumes shard by shard, and training reads them from disk on demand (`TrainingData`).
 
 Objective. KV reconstruction (MSE of normalised K and V per translated layer) + Context Correction Loss: the
 frozen target replays the continuation over `sink + translated prefix` and is pulled towards its native replay
@@ -171,8 +171,9 @@ def _logits(target: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def generate_data(source: LoadedModel, target: LoadedModel, corpus: Path, settings: TrainSettings,
-                  align_mode: str, data_dir: Path, log=print) -> dict:
-    """Make (or finish making) the training shards under `data_dir`; returns them stacked in memory."""
+                  align_mode: str, data_dir: Path, log=print) -> TrainingData:
+    """Make (or finish making) the training shards under `data_dir`; returns them as `TrainingData`, read
+    from disk on demand."""
     data_dir.mkdir(parents=True, exist_ok=True)
     need = settings.prefix_tokens + settings.continuation_tokens
     files = corpus_files(corpus, heldout=False)
@@ -194,37 +195,98 @@ def generate_data(source: LoadedModel, target: LoadedModel, corpus: Path, settin
         torch.save(stacked, tmp)
         os.replace(tmp, path)
         log(f"data shard {index + 1}/{shards}: {len(examples)} examples in {time.time() - started:.0f}s")
-    parts = [torch.load(data_dir / f"shard_{i:04d}.pt") for i in range(shards)]
-    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+    return TrainingData([data_dir / f"shard_{i:04d}.pt" for i in range(shards)])
 
 
-def fit_statistics(net: TranslatorNet, data: dict) -> None:
-    """Per-channel mean and std of the source features and the translated layers' target K|V."""
-    src = data["source"].float().reshape(-1, *data["source"].shape[2:])  # [N, Ls, 2Fs]
-    tgt = data["target_kv"][:, :, net.cfg.native_layers:].float()
-    tgt = tgt.reshape(-1, *tgt.shape[2:])  # [N, Lx, 2Ft]
-    net.source_mean.copy_(src.mean(0))
-    net.source_std.copy_(src.std(0).clamp(min=1e-4))
-    net.target_mean.copy_(tgt.mean(0))
-    net.target_std.copy_(tgt.std(0).clamp(min=1e-4))
+class TrainingData:
+    """The examples of a run, left in their shard files and read on demand (memory-mapped): a training step
+    reads its batch, the statistics and the ridge fit read one shard at a time, so memory does not grow with
+    the amount of training text."""
+
+    def __init__(self, paths: list[Path]):
+        self.paths = list(paths)
+        self.sizes = [len(self._open(path)["ids"]) for path in self.paths]
+        self.starts = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+
+    @staticmethod
+    def _open(path: Path) -> dict:
+        return torch.load(path, mmap=True, weights_only=True)
+
+    def __len__(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def tokens(self) -> int:
+        """Target prefix tokens over all examples."""
+        return sum(int(part["ids"].numel()) for part in self.parts())
+
+    def parts(self):
+        """Each shard's fields ({name: [n, ...]}), one shard at a time."""
+        for path in self.paths:
+            yield self._open(path)
+
+    def batch(self, indices: torch.Tensor) -> dict:
+        """The examples at `indices` (positions over all shards, in that order), each field stacked."""
+        rows = []
+        for index in indices.tolist():
+            shard = max(i for i, start in enumerate(self.starts) if start <= index)
+            rows.append((shard, index - self.starts[shard]))
+        opened = {shard: self._open(self.paths[shard]) for shard in {shard for shard, _ in rows}}
+        return {key: torch.stack([opened[shard][key][row] for shard, row in rows])
+                for key in opened[rows[0][0]]}
+
+    def all(self) -> dict:
+        """Every example in memory, each field stacked: for small data and tests."""
+        return self.batch(torch.arange(len(self)))
+
+
+def _parts(data):
+    """The shards of `data` (`TrainingData`), or `data` itself when it is one dict of stacked fields."""
+    return data.parts() if isinstance(data, TrainingData) else [data]
+
+
+def fit_statistics(net: TranslatorNet, data) -> None:
+    """Per-channel mean and std of the source features and the translated layers' target K|V, accumulated
+    shard by shard in float64."""
+    sums: dict[str, tuple] = {}
+    for part in _parts(data):
+        src = part["source"].double()
+        tgt = part["target_kv"][:, :, net.cfg.native_layers:].double()
+        for name, x in (("source", src.reshape(-1, *src.shape[2:])), ("target", tgt.reshape(-1, *tgt.shape[2:]))):
+            n, total, squares = sums.get(name, (0, 0.0, 0.0))  # x: [N, L, F]
+            sums[name] = (n + len(x), total + x.sum(0), squares + x.pow(2).sum(0))
+    for name, (n, total, squares) in sums.items():
+        mean = total / n
+        std = ((squares - n * mean.pow(2)).clamp(min=0) / max(n - 1, 1)).sqrt()
+        getattr(net, f"{name}_mean").copy_(mean.float())
+        getattr(net, f"{name}_std").copy_(std.float().clamp(min=1e-4))
 
 
 @torch.no_grad()
-def fit_ridge(net: TranslatorNet, data: dict, ridge: float) -> dict:
+def fit_ridge(net: TranslatorNet, data, ridge: float) -> dict:
     """Closed-form ridge regression per layer from normalised source-window features to normalised K|V.
 
-    A `linear` translator takes the solution as is; `mot` and `projector` take its best rank-`skip_rank`
-    factorisation (truncated SVD) as their linear skip. Returns the training MSE of the map as set, per layer
-    and averaged (normalised units).
+    The normal equations are accumulated shard by shard (`data`: `TrainingData`, or one dict of stacked
+    fields). A `linear` translator takes the solution as is; `mot` and `projector` take its best
+    rank-`skip_rank` factorisation (truncated SVD) as their linear skip. Returns the training MSE of the map as
+    set, per layer and averaged (normalised units).
     """
-    target = net.normalise_target(data["target_kv"][:, :, net.cfg.native_layers:].float())  # [B, P, Lx, 2Ft]
-    target = target.reshape(-1, *target.shape[2:])  # [N, Lx, 2Ft]
+    layers = len(net.layers)
+    grams, cross, norms, count = [0.0] * layers, [0.0] * layers, [0.0] * layers, 0
+    for part in _parts(data):
+        target = net.normalise_target(part["target_kv"][:, :, net.cfg.native_layers:].float())  # [B, P, Lx, 2Ft]
+        target = target.reshape(-1, *target.shape[2:]).double()  # [N, Lx, 2Ft]
+        for i, x in enumerate(net.source_inputs(part["source"].float())):
+            x1 = torch.cat([x, torch.ones(len(x), 1)], dim=1).double()  # [N, F + 1]
+            grams[i] = grams[i] + x1.T @ x1
+            cross[i] = cross[i] + x1.T @ target[:, i]
+            norms[i] = norms[i] + float(target[:, i].pow(2).sum())
+        count += len(target)
     errors = []
-    for i, (layer, x) in enumerate(zip(net.layers, net.source_inputs(data["source"].float()))):
-        x1 = torch.cat([x, torch.ones(len(x), 1)], dim=1).double()  # [N, F + 1]
-        gram = x1.T @ x1 + ridge * torch.eye(x1.shape[1], dtype=torch.double)
+    for i, layer in enumerate(net.layers):
+        gram = grams[i] + ridge * torch.eye(grams[i].shape[0], dtype=torch.double)
         gram[-1, -1] -= ridge  # the bias is not shrunk
-        w = torch.linalg.solve(gram, x1.T @ target[:, i].double())  # [F + 1, 2Ft]
+        w = torch.linalg.solve(gram, cross[i])  # [F + 1, 2Ft]
         if net.cfg.kind == "linear":
             layer.head.weight.copy_(w[:-1].T.float())
             layer.head.bias.copy_(w[-1].float())
@@ -236,7 +298,9 @@ def fit_ridge(net: TranslatorNet, data: dict, ridge: float) -> dict:
             layer.skip[1].weight.copy_((vh[:r].T * root).float())  # [2Ft, r]
             layer.skip[1].bias.copy_(w[-1].float())
             w = torch.cat([u[:, :r] @ torch.diag(s[:r]) @ vh[:r], w[-1:]])
-        errors.append(float(((x1 @ w).float() - target[:, i]).pow(2).mean()))
+        # |X w - Y|^2 from the accumulated sums: w'X'Xw - 2 w'X'Y + |Y|^2
+        squared = float((w * (grams[i] @ w)).sum() - 2 * (w * cross[i]).sum()) + norms[i]
+        errors.append(max(squared, 0.0) / (count * w.shape[1]))
     return {"kv_mse_per_layer": errors, "kv": sum(errors) / len(errors)}
 
 
@@ -328,7 +392,7 @@ def _lr_at(step: int, settings: TrainSettings) -> float:
     return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def train_loop(net: TranslatorNet, target: LoadedModel, data: dict, settings: TrainSettings, state_path: Path,
+def train_loop(net: TranslatorNet, target: LoadedModel, data: TrainingData, settings: TrainSettings, state_path: Path,
                log=print) -> dict:
     """Train `net` for `settings.steps`, checkpointing to `state_path` and resuming from it. Returns the state."""
     for p in target.model.parameters():
@@ -356,8 +420,8 @@ def train_loop(net: TranslatorNet, target: LoadedModel, data: dict, settings: Tr
         step = state["step"]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, settings) * group["scale"]
-        pick = torch.randint(len(data["ids"]), (settings.batch,), generator=gen)
-        parts = batch_losses(net, target, {key: value[pick] for key, value in data.items()}, settings, tables)
+        pick = torch.randint(len(data), (settings.batch,), generator=gen)
+        parts = batch_losses(net, target, data.batch(pick), settings, tables)
         loss = parts["loss"]
         opt.zero_grad()
         loss.backward()
@@ -511,8 +575,8 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
         "source": {"name": source, "fingerprint": src.fingerprint},
         "target": {"name": target, "fingerprint": tgt.fingerprint},
         "corpus": str(corpus),
-        "training_examples": len(data["ids"]),
-        "training_tokens": int(data["ids"].numel()),
+        "training_examples": len(data),
+        "training_tokens": data.tokens,
         "steps": steps_done,
         "final_losses": final,
         "heldout": heldout,

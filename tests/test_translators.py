@@ -18,9 +18,11 @@ from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
 from cagkit.models import LoadedModel, register_loaded
 from cagkit.rope import RotaryTables
 from cagkit.training import (
+    TrainingData,
     TrainSettings,
     batch_losses,
     fit_ridge,
+    fit_statistics,
     generate_data,
     recall_continuation,
     sink_ids,
@@ -34,6 +36,7 @@ from cagkit.translators import (
     embedding_layer_kv,
     load_translator,
     read_translator,
+    token_features,
     translator_path,
 )
 
@@ -162,7 +165,7 @@ def test_training_reduces_the_loss(pair, corpus, tmp_path):
     source, target = pair
     settings = tiny_settings()
     cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
-    data = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "data", log=lambda m: None)
+    data = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "data", log=lambda m: None).all()
     assert data["source"].shape == (8, 24, 4, 2 * 2 * 16)  # [N, P, Ls, 2 * Hs * Ds]
     assert data["target_kv"].shape == (8, 24, 6, 2 * 1 * 32)
     path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
@@ -185,14 +188,49 @@ def test_training_reduces_the_loss(pair, corpus, tmp_path):
     assert card["heldout"]["recall"]["kl_to_native"]["none"] > 0
 
 
+def test_training_data_streams_from_its_shards_as_if_in_memory(pair, corpus, tmp_path):
+    """Batches, statistics and the ridge fit read shard by shard give what the stacked data gives."""
+    source, target = pair
+    settings = tiny_settings()  # 8 examples in 2 shards
+    cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
+    data = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "data", log=lambda m: None)
+    assert isinstance(data, TrainingData) and len(data) == 8 and data.sizes == [4, 4]
+    stacked = data.all()
+    assert data.tokens == stacked["ids"].numel() == 8 * 24
+    pick = torch.tensor([6, 1, 6, 3])  # across both shards, one twice
+    batch = data.batch(pick)
+    assert set(batch) == set(stacked)
+    for key, value in batch.items():
+        assert torch.equal(value, stacked[key][pick]), key
+    torch.manual_seed(0)
+    streamed = TranslatorNet(cfg)
+    torch.manual_seed(0)
+    whole = TranslatorNet(cfg)
+    fit_statistics(streamed, data)
+    fit_statistics(whole, stacked)
+    assert torch.allclose(streamed.source_std, stacked["source"].float().flatten(0, 1).std(0).clamp(min=1e-4),
+                          rtol=1e-4, atol=1e-6)
+    errors = fit_ridge(streamed, data, settings.ridge), fit_ridge(whole, stacked, settings.ridge)
+    assert errors[0]["kv"] == pytest.approx(errors[1]["kv"], rel=1e-6)
+    for name in ("source_mean", "source_std", "target_mean", "target_std"):
+        assert torch.allclose(getattr(streamed, name), getattr(whole, name), rtol=1e-5, atol=1e-6), name
+    tokens = token_features(target.model, stacked["ids"])
+    with torch.no_grad():
+        pred, _ = streamed(stacked["source"].float(), tokens)
+        assert torch.allclose(pred, whole(stacked["source"].float(), tokens)[0], rtol=1e-4, atol=1e-4)
+        direct = (pred - streamed.normalise_target(stacked["target_kv"][:, :, cfg.native_layers:].float())).pow(2)
+    # the error from the accumulated sums is the mean squared residual of the map as set (experts start silent)
+    assert errors[0]["kv"] == pytest.approx(float(direct.mean()), rel=1e-3)
+
+
 def test_recall_examples_replay_a_span_of_their_own_prefix(pair, corpus, tmp_path):
     source, target = pair
     assert recall_continuation(list(range(10)), 4, 3) == [3, 4, 5, 6]
     assert recall_continuation(list(range(10)), 4, 9) == [6, 7, 8, 9]  # clamped so the span fits
     data = generate_data(source, target, corpus, tiny_settings(recall_fraction=1.0), "cover", tmp_path / "r",
-                         log=lambda m: None)
+                         log=lambda m: None).all()
     plain = generate_data(source, target, corpus, tiny_settings(recall_fraction=0.0), "cover", tmp_path / "p",
-                          log=lambda m: None)
+                          log=lambda m: None).all()
     assert torch.equal(data["ids"], plain["ids"])  # the same passages
     for ids, continuation in zip(data["ids"].tolist(), data["continuation"].tolist()):
         assert any(ids[i: i + len(continuation)] == continuation for i in range(len(ids) - len(continuation) + 1))
