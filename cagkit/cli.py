@@ -78,9 +78,11 @@ def _cmd_models(args) -> int:
 def _cmd_translators_train(args) -> int:
     from cagkit.training import TrainSettings, train_translator
 
-    settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction)
+    settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
+                             attention_weight=args.attention_weight,
+                             **({"lr": args.lr} if args.lr is not None else {}))
     out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
-                           out=args.out, kind=args.kind, work_dir=args.work_dir, settings=settings)
+                           out=args.out, kind=args.kind, work_dir=args.work_dir, settings=settings, init=args.init)
     print(f"wrote {out}")
     return 0
 
@@ -177,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--examples", type=int, default=200, help="training passages of 128+32 target tokens (default: %(default)s)")
     t.add_argument("--recall-fraction", type=float, default=0.5,
                    help="share of examples whose replayed continuation repeats a span of the passage (default: %(default)s)")
+    t.add_argument("--attention-weight", type=float, default=0.0,
+                   help="weight of the attention loss: the continuation's native queries must attend over the "
+                        "translated keys as over the native ones (default: %(default)s, off)")
+    t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1e-3)")
     t.add_argument("--threads", type=int, default=1, help="CPU threads for training (default: %(default)s)")
     t.add_argument("--work-dir", default=None, help="paired-prefill data and resumable state (default: $CAGKIT_HOME/train/SOURCE__TARGET)")
     t.add_argument("--out", default=None, help="checkpoint path (default: translators/SOURCE__TARGET.safetensors)")

@@ -46,6 +46,7 @@ from cagkit.translators import (
     TranslatorConfig,
     TranslatorNet,
     embedding_layer_kv,
+    read_translator,
     source_features,
     token_features,
     translator_path,
@@ -72,6 +73,10 @@ class TrainSettings:
     kv_weight: float = 1.0
     kl_weight: float = 1.0
     hidden_weight: float = 1.0
+    # Weight of the attention loss: in every translated layer, the continuation's native queries attend over
+    # the translated keys as over the native ones (KL of the attention over the prefix). Keys decide what a
+    # look-up in the context finds; 0 leaves it out (the shipped checkpoints were trained without it).
+    attention_weight: float = 0.0
     balance_weight: float = 0.01
     top_logits: int = 64
     ridge: float = 10.0
@@ -360,22 +365,76 @@ def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: 
     return kl, hidden_loss
 
 
+def attention_loss(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
+                   tables: RotaryTables) -> torch.Tensor:
+    """Mean over the translated layers (above layer 0) of KL(native || translated) of the attention that the
+    continuation's native queries give the prefix positions, with the native keys vs the translated keys `kv`
+    (raw RoPE-free K|V [B, P, Lt, 2Ft])."""
+    layers = [layer for layer in cfg.translated_layers if layer > 0]  # layer 0's input is not kept in `hidden`
+    total = kv.new_zeros(())
+    for layer in layers:
+        with torch.no_grad():
+            native = prefix_attention(target, batch["target_kv"].to(kv.dtype), batch["hidden"], layer, cfg, tables)
+        translated = prefix_attention(target, kv, batch["hidden"], layer, cfg, tables)
+        total = total + (native.exp() * (native - translated)).sum(-1).mean()
+    return total / max(len(layers), 1)
+
+
+def prefix_attention(target: LoadedModel, kv: torch.Tensor, hidden: torch.Tensor, layer: int,
+                     cfg: TranslatorConfig, tables: RotaryTables) -> torch.Tensor:
+    """Log-attention [B, Hk, G, C, P] of the continuation's queries in `layer` over the prefix keys of `kv`
+    (raw RoPE-free K|V [B, P, Lt, 2Ft]), renormalised over the prefix. The queries come from `hidden`
+    [B, Lt, C, E], each layer's output over the continuation (the next layer's input), at the positions the
+    training replay uses: sink, prefix, continuation. Gradients flow into `kv` only."""
+    attn = target.model.get_decoder().layers[layer].self_attn
+    b, steps = kv.shape[:2]
+    length = hidden.shape[2]
+    start = len(sink_ids(target))
+    heads, dim = cfg.target_heads, cfg.target_head_dim
+    with torch.no_grad():
+        x = target.model.get_decoder().layers[layer].input_layernorm(hidden[:, layer - 1].to(kv.dtype))  # [B, C, E]
+        q = attn.q_proj(x).view(b, length, -1, dim)  # [B, C, Hq, D]
+        if getattr(attn, "q_norm", None) is not None:
+            q = attn.q_norm(q)
+        q = apply_rope(q, *tables(layer, torch.arange(start + steps, start + steps + length)))
+        q = q.view(b, length, heads, -1, dim) * attn.scaling  # [B, C, Hk, G, D]: query heads grouped by KV head
+    k = kv[:, :, layer, : cfg.target_kv_dim].reshape(b, steps, heads, dim)
+    k = apply_rope(k, *tables(layer, torch.arange(start, start + steps)))  # [B, P, Hk, D]
+    logits = torch.einsum("bchgd,bphd->bhgcp", q, k)
+    cap = getattr(attn, "attn_logit_softcapping", None) or getattr(attn.config, "attn_logit_softcapping", None)
+    if cap:  # Gemma 2 style soft-capping
+        logits = torch.tanh(logits / cap) * cap
+    window = getattr(attn, "sliding_window", None)
+    if window:  # a sliding-window layer: a query sees the keys less than `window` positions back
+        distance = torch.arange(steps, steps + length)[:, None] - torch.arange(steps)[None, :]  # [C, P]
+        logits = logits.masked_fill(distance >= window, -1e9)  # a row with nothing in sight stays finite
+    return torch.log_softmax(logits, dim=-1)
+
+
 def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings: TrainSettings,
                  tables: RotaryTables) -> dict[str, torch.Tensor]:
-    """The weighted training loss of one batch of examples and its parts (kv, kl, hidden, balance)."""
+    """The weighted training loss of one batch of examples and its parts (kv, kl, hidden, balance, and
+    attention when it is weighted)."""
     cfg = net.cfg
     pred, balance = net(batch["source"].float(), token_features(target.model, batch["ids"]))
     kv_loss = (pred - net.normalise_target(batch["target_kv"][:, :, cfg.native_layers:].float())).pow(2).mean()
-    kl, hidden = context_correction(target, full_target_kv(net, target, pred, batch["ids"]), batch, cfg, tables)
+    full = full_target_kv(net, target, pred, batch["ids"])
+    kl, hidden = context_correction(target, full, batch, cfg, tables)
     loss = (settings.kv_weight * kv_loss + settings.kl_weight * kl + settings.hidden_weight * hidden
             + settings.balance_weight * balance)
-    return {"loss": loss, "kv": kv_loss, "kl": kl, "hidden": hidden, "balance": balance}
+    parts = {"kv": kv_loss, "kl": kl, "hidden": hidden, "balance": balance}
+    if settings.attention_weight:
+        parts["attention"] = attention_loss(target, full, batch, cfg, tables)
+        loss = loss + settings.attention_weight * parts["attention"]
+    return {"loss": loss, **parts}
 
 
 def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     """A short hash of what a training state depends on, so a resume never loads an incompatible state."""
     ignored = ("steps", "threads", "checkpoint_every", "heldout_examples")
     shaping = {k: v for k, v in asdict(settings).items() if k not in ignored}
+    if not settings.attention_weight:  # added later: states of runs without it keep their key
+        shaping.pop("attention_weight")
     return hashlib.sha256(json.dumps([asdict(cfg), shaping], sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -528,14 +587,19 @@ def _scores(nll_sums: dict[str, float], kl_sums: dict[str, float], n: int) -> di
 
 def train_translator(source: str, target: str, corpus: Path, steps: int | None = None, out: Path | None = None,
                      kind: str = "mot", work_dir: Path | None = None, settings: TrainSettings | None = None,
-                     log=print) -> Path:
+                     init: Path | None = None, log=print) -> Path:
     """Train (or resume training) the `kind` translator from `source` to `target` on `corpus`.
+
+    With `init`, training starts from that checkpoint's weights (same pair and shape) instead of the ridge
+    initialisation: a fine-tuning run, which its card records.
 
     Paired-prefill shards and the training state live in `work_dir` (default
     `$CAGKIT_HOME/train/<source>__<target>`), so an interrupted run continues where it stopped. Writes the
     checkpoint (default `translators/<source>__<target>[.<kind>].safetensors`) and its JSON card; returns its path.
     """
     settings = settings or TrainSettings()
+    if init and kind == "linear":
+        raise TranslatorError("--init continues a trained translator; a linear one is solved in closed form")
     if steps is not None:
         settings.steps = steps
     torch.set_num_threads(settings.threads)
@@ -561,9 +625,19 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     else:
         ridge_fit = fit_ridge(net, data, settings.ridge)
         log(f"linear skip initialised from ridge: training kv mse {ridge_fit['kv']:.4f}")
-        state_path = work_dir / f"{kind}-{_config_key(cfg, settings)}.state.pt"
+        key = _config_key(cfg, settings)
+        if init:
+            start = read_translator(Path(init))
+            if asdict(start.net.cfg) != asdict(cfg) or start.target_fingerprint != tgt.fingerprint:
+                raise TranslatorError(f"{init} is not a {kind} translator of this shape for {source} -> {target}; "
+                                      f"pass a checkpoint of this pair and kind to --init")
+            net.load_state_dict(start.net.state_dict())
+            key += "-init-" + hashlib.sha256(Path(init).read_bytes()).hexdigest()[:10]
+            log(f"starting from {init} ({start.card.get('steps', '?')} steps)")
+        state_path = work_dir / f"{kind}-{key}.state.pt"
         state = train_loop(net, tgt, data, settings, state_path, log)
-        final, train_s, steps_done = state["history"][-1], state["wall_s"], state["step"]
+        final = state["history"][-1] if state["history"] else {}  # none with --steps 0
+        train_s, steps_done = state["wall_s"], state["step"]
     translator = Translator(net, src.fingerprint, tgt.fingerprint, {})
     log("evaluating on held-out text ...")
     heldout = evaluate_translator(translator, src, tgt, corpus, settings, native_bottom=(2, tgt.num_layers // 2))
@@ -578,6 +652,8 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
         "training_examples": len(data),
         "training_tokens": data.tokens,
         "steps": steps_done,
+        **({"initialised_from": {"path": str(init), "steps": start.card.get("steps"),
+                                 "card_final_losses": start.card.get("final_losses")}} if init else {}),
         "final_losses": final,
         "heldout": heldout,
         "injection_depth": {

@@ -20,10 +20,12 @@ from cagkit.rope import RotaryTables
 from cagkit.training import (
     TrainingData,
     TrainSettings,
+    attention_loss,
     batch_losses,
     fit_ridge,
     fit_statistics,
     generate_data,
+    prefix_attention,
     recall_continuation,
     sink_ids,
     train_translator,
@@ -223,6 +225,38 @@ def test_training_data_streams_from_its_shards_as_if_in_memory(pair, corpus, tmp
     assert errors[0]["kv"] == pytest.approx(float(direct.mean()), rel=1e-3)
 
 
+def test_prefix_attention_is_the_targets_own_attention(pair, corpus, tmp_path):
+    """The attention loss's native side is the target's attention over the prefix (queries from the stored
+    hidden states, q_norm, RoPE, scaling, grouped heads, sliding window), and it is 0 for the native keys."""
+    source, target = pair
+    settings = tiny_settings()
+    cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
+    batch = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "d", log=lambda m: None).batch(
+        torch.tensor([0, 5]))
+    sink, P, C = sink_ids(target), settings.prefix_tokens, settings.continuation_tokens
+    ids = torch.cat([torch.tensor([sink] * 2), batch["ids"], batch["continuation"]], dim=1)
+    implementation = target.model.config._attn_implementation
+    target.model.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            attentions = target.model(input_ids=ids, output_attentions=True).attentions  # [B, Hq, T, T] per layer
+    finally:
+        target.model.config._attn_implementation = implementation
+    tables = RotaryTables(target.model)
+    kv = batch["target_kv"].float()
+    for layer in cfg.translated_layers:
+        expected = attentions[layer][:, :, len(sink) + P:, len(sink): len(sink) + P]  # continuation -> prefix
+        expected = expected / expected.sum(-1, keepdim=True)
+        got = prefix_attention(target, kv, batch["hidden"], layer, cfg, tables).exp()  # [B, Hk, G, C, P]
+        assert torch.allclose(got.flatten(1, 2), expected, atol=1e-3), layer  # stored K fp16, hidden bf16
+    assert float(attention_loss(target, kv, batch, cfg, tables)) == pytest.approx(0.0, abs=1e-6)
+    shifted = kv.clone().requires_grad_(True)
+    loss = attention_loss(target, shifted + 0.5 * torch.randn_like(kv), batch, cfg, tables)
+    loss.backward()
+    assert float(loss.detach()) > 1e-3 and shifted.grad[..., : cfg.target_kv_dim].abs().sum() > 0
+    assert shifted.grad[..., cfg.target_kv_dim:].abs().sum() == 0  # values do not enter the attention
+
+
 def test_recall_examples_replay_a_span_of_their_own_prefix(pair, corpus, tmp_path):
     source, target = pair
     assert recall_continuation(list(range(10)), 4, 3) == [3, 4, 5, 6]
@@ -246,6 +280,27 @@ def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
     assert "resumed at step 20/30" in logs
     assert not any(line.startswith("data shard") for line in logs)  # the shards were reused
     assert read_translator(tmp_path / "t.safetensors").card["steps"] == 30
+
+
+def test_fine_tuning_starts_from_the_given_checkpoint_with_the_attention_loss(pair, corpus, tmp_path):
+    logs = []
+    first = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=10),
+                             out=tmp_path / "a.safetensors", work_dir=tmp_path, log=logs.append)
+    logs.clear()
+    tuned = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=0, attention_weight=1.0),
+                             init=first, out=tmp_path / "b.safetensors", work_dir=tmp_path, log=logs.append)
+    assert f"starting from {first} (10 steps)" in logs
+    before, after = read_translator(first), read_translator(tuned)
+    for key, value in before.net.state_dict().items():  # no step taken: the weights are the start's
+        assert torch.equal(value, after.net.state_dict()[key]), key
+    assert after.card["initialised_from"]["steps"] == 10 and after.card["settings"]["attention_weight"] == 1.0
+    logs.clear()
+    train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=5, attention_weight=1.0),
+                     init=first, out=tmp_path / "c.safetensors", work_dir=tmp_path, log=logs.append)
+    assert any(line.startswith("step 5/5") and " attention " in line for line in logs)
+    with pytest.raises(TranslatorError, match="not a projector translator"):
+        train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=1), kind="projector",
+                         init=first, out=tmp_path / "d.safetensors", work_dir=tmp_path, log=logs.append)
 
 
 def _rounded_translator(pair, kind: str) -> Translator:
