@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -217,11 +218,27 @@ def _recompute_bottom(lm: LoadedModel, text: str, translated: ChunkKV, layers: i
                    torch.cat([own.values, translated.values[layers:].float()]))
 
 
+_COMPUTED_SENTENCES: OrderedDict[str, tuple] = OrderedDict()  # chunk text -> (spans, embeddings), newest last
+_COMPUTED_SENTENCES_MAX = 4096
+
+
 def _sentences(chunks: list[StoredChunk]) -> list[tuple]:
-    """Each chunk's sentence spans and embeddings: as the store keeps them, else computed now (older stores)."""
-    missing = [c for c in chunks if c.sentences is None]
-    computed = iter(embed_with_sentences([c.text for c in missing])[1] if missing else [])
-    return [c.sentences if c.sentences is not None else next(computed) for c in chunks]
+    """Each chunk's sentence spans and embeddings: as the store keeps them, else computed now (stores ingested
+    before cagkit kept them) and remembered for the next question in this process, which often retrieves the
+    same chunks: embedding their sentences costs about as much as the repair itself."""
+    missing = list(dict.fromkeys(c.text for c in chunks if c.sentences is None and c.text not in _COMPUTED_SENTENCES))
+    for text, found in zip(missing, embed_with_sentences(missing)[1] if missing else []):
+        _COMPUTED_SENTENCES[text] = found
+    out = []
+    for c in chunks:
+        if c.sentences is not None:
+            out.append(c.sentences)
+        else:
+            _COMPUTED_SENTENCES.move_to_end(c.text)
+            out.append(_COMPUTED_SENTENCES[c.text])
+    while len(_COMPUTED_SENTENCES) > _COMPUTED_SENTENCES_MAX:
+        _COMPUTED_SENTENCES.popitem(last=False)
+    return out
 
 
 def _token_offsets(lm: LoadedModel, chunk: StoredChunk, ids: list[int]) -> torch.Tensor:

@@ -368,24 +368,30 @@ def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: 
 def attention_loss(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
                    tables: RotaryTables) -> torch.Tensor:
     """Mean over the translated layers (above layer 0) of KL(native || translated) of the attention that the
-    continuation's native queries give the prefix positions, with the native keys vs the translated keys `kv`
-    (raw RoPE-free K|V [B, P, Lt, 2Ft])."""
+    continuation's native queries give the sink and the prefix, with the native prefix keys vs the translated
+    keys `kv` (raw RoPE-free K|V [B, P, Lt, 2Ft]). The sink is the same on both sides, so the loss sees how much
+    attention goes to the context at all, not only where in it."""
     layers = [layer for layer in cfg.translated_layers if layer > 0]  # layer 0's input is not kept in `hidden`
+    sink = sink_ids(target)
+    with torch.no_grad():
+        sink_keys = prefill_kv(target.model, sink, tables).keys.to(kv.dtype) if sink else None  # [Lt, S, Hk, D]
     total = kv.new_zeros(())
     for layer in layers:
         with torch.no_grad():
-            native = prefix_attention(target, batch["target_kv"].to(kv.dtype), batch["hidden"], layer, cfg, tables)
-        translated = prefix_attention(target, kv, batch["hidden"], layer, cfg, tables)
+            native = prefix_attention(target, batch["target_kv"].to(kv.dtype), batch["hidden"], layer, cfg, tables,
+                                      sink_keys)
+        translated = prefix_attention(target, kv, batch["hidden"], layer, cfg, tables, sink_keys)
         total = total + (native.exp() * (native - translated)).sum(-1).mean()
     return total / max(len(layers), 1)
 
 
 def prefix_attention(target: LoadedModel, kv: torch.Tensor, hidden: torch.Tensor, layer: int,
-                     cfg: TranslatorConfig, tables: RotaryTables) -> torch.Tensor:
-    """Log-attention [B, Hk, G, C, P] of the continuation's queries in `layer` over the prefix keys of `kv`
-    (raw RoPE-free K|V [B, P, Lt, 2Ft]), renormalised over the prefix. The queries come from `hidden`
-    [B, Lt, C, E], each layer's output over the continuation (the next layer's input), at the positions the
-    training replay uses: sink, prefix, continuation. Gradients flow into `kv` only."""
+                     cfg: TranslatorConfig, tables: RotaryTables, sink_keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-attention [B, Hk, G, C, S + P] of the continuation's queries in `layer` over the sink keys (RoPE-free
+    [Lt, S, Hk, D], if given) and the prefix keys of `kv` (raw RoPE-free K|V [B, P, Lt, 2Ft]), normalised over
+    those positions. The queries come from `hidden` [B, Lt, C, E], each layer's output over the continuation
+    (the next layer's input), at the positions the training replay uses: sink, prefix, continuation. Gradients
+    flow into `kv` only."""
     attn = target.model.get_decoder().layers[layer].self_attn
     b, steps = kv.shape[:2]
     length = hidden.shape[2]
@@ -399,14 +405,17 @@ def prefix_attention(target: LoadedModel, kv: torch.Tensor, hidden: torch.Tensor
         q = apply_rope(q, *tables(layer, torch.arange(start + steps, start + steps + length)))
         q = q.view(b, length, heads, -1, dim) * attn.scaling  # [B, C, Hk, G, D]: query heads grouped by KV head
     k = kv[:, :, layer, : cfg.target_kv_dim].reshape(b, steps, heads, dim)
-    k = apply_rope(k, *tables(layer, torch.arange(start, start + steps)))  # [B, P, Hk, D]
+    if sink_keys is not None:
+        k = torch.cat([sink_keys[layer][None].expand(b, -1, -1, -1), k], dim=1)  # [B, S + P, Hk, D]
+    first = start - (k.shape[1] - steps)  # the position of the first key
+    k = apply_rope(k, *tables(layer, torch.arange(first, start + steps)))
     logits = torch.einsum("bchgd,bphd->bhgcp", q, k)
     cap = getattr(attn, "attn_logit_softcapping", None) or getattr(attn.config, "attn_logit_softcapping", None)
     if cap:  # Gemma 2 style soft-capping
         logits = torch.tanh(logits / cap) * cap
     window = getattr(attn, "sliding_window", None)
     if window:  # a sliding-window layer: a query sees the keys less than `window` positions back
-        distance = torch.arange(steps, steps + length)[:, None] - torch.arange(steps)[None, :]  # [C, P]
+        distance = torch.arange(start + steps, start + steps + length)[:, None] - torch.arange(first, start + steps)
         logits = logits.masked_fill(distance >= window, -1e9)  # a row with nothing in sight stays finite
     return torch.log_softmax(logits, dim=-1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -202,7 +203,8 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_store(tiny_llama, 
         assert again.documents() == []
 
 
-def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_work(tiny_llama, docs, tmp_path):
+def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_work(tiny_llama, docs, tmp_path,
+                                                                                  monkeypatch):
     from safetensors.torch import load_file, save_file
 
     from cagkit.ask import _sentences
@@ -228,3 +230,8 @@ def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_wor
         (spans2, vectors2), = _sentences([old])
         assert spans2.tolist() == spans.tolist()
         assert float(vectors2[0] @ vectors[0]) > 0.999
+    # ... and only once per process: the next question that retrieves the chunk reuses them
+    calls = []
+    monkeypatch.setattr(importlib.import_module("cagkit.ask"), "embed_with_sentences", calls.append)
+    (spans3, _), = _sentences([old])
+    assert calls == [] and spans3.tolist() == spans.tolist()
