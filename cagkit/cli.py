@@ -26,6 +26,8 @@ def _cmd_ingest(args) -> int:
         f"{len(report.removed)} removed, {len(report.failed)} skipped; {report.chunks} chunks, {report.tokens} tokens "
         f"in {report.seconds:.1f} s ({report.tokens_per_s:.0f} tokens/s) -> {args.store}"
     )
+    if report.upgraded:
+        print(f"{len(report.upgraded)} unchanged documents were given the sentence embeddings this cagkit keeps")
     for path, reason in report.failed:
         print(f"skipped {path}: {reason}", file=sys.stderr)
     return 0

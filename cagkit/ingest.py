@@ -32,6 +32,8 @@ class IngestReport:
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    # unchanged documents whose KV files lacked sentence embeddings (written by an older cagkit), now added
+    upgraded: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
     chunks: int = 0
     tokens: int = 0
@@ -153,6 +155,9 @@ def _ingest_documents(
             old = st.document(key)
             if old is not None and old.sha256 == sha and old.metadata == (metadata or {}) and st.is_intact(old):
                 report.unchanged.append(key)
+                if not st.has_sentences(old):  # no prefill needed: embed the sentences the repair selects by
+                    st.add_sentences(old, embed_with_sentences(st.chunk_texts(old))[1])
+                    report.upgraded.append(key)
                 continue
             todo.append((key, text, sha, metadata, old is not None))
         bar = _progress_bar(todo, lm, progress)

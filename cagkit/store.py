@@ -34,6 +34,7 @@ from cagkit.kvcache import ChunkKV
 
 FORMAT_VERSION = 1
 _CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences are optional
+_SENTENCE_TENSORS = ("sentences", "sentence_embeddings")  # optional: files before they were kept lack them
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_STORE = Path("stores/default")
 
@@ -213,9 +214,7 @@ class Store:
             tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)  # [T]
             tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)  # [T, 2]
             if c.sentences is not None:
-                spans, vectors = c.sentences
-                tensors[f"{i}.sentences"] = torch.as_tensor(spans, dtype=torch.int32).reshape(-1, 2)  # [S, 2]
-                tensors[f"{i}.sentence_embeddings"] = torch.as_tensor(vectors).to(torch.float16)  # [S, E]
+                tensors.update(_sentence_tensors(i, c.sentences))
         kv_file = f"{sha256[:24]}.safetensors"
         final = self.path / "kv" / kv_file
         tmp = final.with_suffix(f".{os.getpid()}.tmp")
@@ -246,6 +245,36 @@ class Store:
         if old is not None and old.kv_file != kv_file:
             (self.path / "kv" / old.kv_file).unlink(missing_ok=True)
         self._matrix = None
+
+    def has_sentences(self, doc: Document) -> bool:
+        """True when every chunk of `doc` has its sentence spans and embeddings in its KV file."""
+        try:
+            with safe_open(self.path / "kv" / doc.kv_file, framework="pt") as f:
+                keys = set(f.keys())
+        except Exception:  # not readable: is_intact reports it
+            return False
+        return all(f"{i}.{name}" in keys for i in range(doc.n_chunks) for name in _SENTENCE_TENSORS)
+
+    def chunk_texts(self, doc: Document) -> list[str]:
+        """The texts of `doc`'s chunks, in document order (from the manifest; no KV is read)."""
+        return [r[0] for r in self._conn.execute("SELECT text FROM chunks WHERE doc_id = ? ORDER BY idx", (doc.id,))]
+
+    def add_sentences(self, doc: Document, sentences: list[tuple]) -> None:
+        """Rewrite `doc`'s KV file with each chunk's sentence spans [S, 2] and embeddings [S, E] added: the
+        upgrade of a file written before cagkit kept them. Atomic like `write_document` (the file is replaced
+        by rename); the KV and the manifest are unchanged."""
+        if len(sentences) != doc.n_chunks:
+            raise StoreError(f"{doc.path} has {doc.n_chunks} chunks but {len(sentences)} sentence sets were given")
+        final = self.path / "kv" / doc.kv_file
+        with safe_open(final, framework="pt") as f:
+            meta = f.metadata()
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+        for i, found in enumerate(sentences):
+            tensors.update(_sentence_tensors(i, found))
+        tmp = final.with_suffix(f".{os.getpid()}.tmp")
+        save_file(tensors, str(tmp), metadata=meta)
+        _fsync(tmp)
+        os.replace(tmp, final)
 
     def remove_document(self, path: str) -> None:
         old = self.document(path)
@@ -322,6 +351,13 @@ class Store:
         for file in (self.path / "kv").iterdir():
             if file.name not in listed:
                 file.unlink(missing_ok=True)
+
+
+def _sentence_tensors(index: int, sentences: tuple) -> dict[str, torch.Tensor]:
+    """The KV-file tensors of chunk `index`'s sentence spans and embeddings."""
+    spans, vectors = sentences
+    return {f"{index}.sentences": torch.as_tensor(spans, dtype=torch.int32).reshape(-1, 2),  # [S, 2]
+            f"{index}.sentence_embeddings": torch.as_tensor(vectors).to(torch.float16)}  # [S, E]
 
 
 def _metadata(column: str | None) -> dict:

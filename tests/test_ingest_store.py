@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -232,6 +233,18 @@ def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_wor
         assert float(vectors2[0] @ vectors[0]) > 0.999
     # ... and only once per process: the next question that retrieves the chunk reuses them
     calls = []
-    monkeypatch.setattr(importlib.import_module("cagkit.ask"), "embed_with_sentences", calls.append)
-    (spans3, _), = _sentences([old])
+    with monkeypatch.context() as patch:
+        patch.setattr(importlib.import_module("cagkit.ask"), "embed_with_sentences", calls.append)
+        (spans3, _), = _sentences([old])
     assert calls == [] and spans3.tolist() == spans.tolist()
+    # The next ingest adds them to the file without prefilling again, and keeps the KV as it was.
+    report = _ingest(docs, store)
+    assert report.upgraded == [doc.path] and report.tokens == 0 and doc.path in report.unchanged
+    upgraded = load_file(kv_file)
+    assert all(torch.equal(upgraded[k], v) for k, v in tensors.items())
+    with Store.open(store) as st:
+        again = st.load_chunk(st.chunk_ids(doc.path)[1])
+        assert again.sentences[0].tolist() == spans.tolist()
+        assert np.allclose(again.sentences[1], vectors, atol=1e-3)
+        assert st.has_sentences(st.document(doc.path))
+    assert _ingest(docs, store).upgraded == []
