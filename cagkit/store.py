@@ -192,12 +192,17 @@ class Store:
     def is_intact(self, doc: Document) -> bool:
         """True when the document's KV file opens and holds every chunk the manifest lists (the sentence tensors
         are optional: files written before they were kept are intact without them)."""
+        keys = self._kv_names(doc)
+        return keys is not None and all(f"{i}.{name}" in keys for i in range(doc.n_chunks) for name in _CHUNK_TENSORS)
+
+    def _kv_names(self, doc: Document) -> set[str] | None:
+        """The tensor names in `doc`'s KV file, or None when it does not open (any failure to parse means the
+        file cannot be trusted)."""
         try:
             with safe_open(self.path / "kv" / doc.kv_file, framework="pt") as f:
-                keys = set(f.keys())
-                return all(f"{i}.{name}" in keys for i in range(doc.n_chunks) for name in _CHUNK_TENSORS)
-        except Exception:  # any failure to parse means the file cannot be trusted
-            return False
+                return set(f.keys())
+        except Exception:
+            return None
 
     def write_document(
         self, path: str, sha256: str, chunks: list[NewChunk], embeddings: np.ndarray, metadata: dict | None = None
@@ -248,12 +253,8 @@ class Store:
 
     def has_sentences(self, doc: Document) -> bool:
         """True when every chunk of `doc` has its sentence spans and embeddings in its KV file."""
-        try:
-            with safe_open(self.path / "kv" / doc.kv_file, framework="pt") as f:
-                keys = set(f.keys())
-        except Exception:  # not readable: is_intact reports it
-            return False
-        return all(f"{i}.{name}" in keys for i in range(doc.n_chunks) for name in _SENTENCE_TENSORS)
+        keys = self._kv_names(doc)
+        return keys is not None and all(f"{i}.{name}" in keys for i in range(doc.n_chunks) for name in _SENTENCE_TENSORS)
 
     def chunk_texts(self, doc: Document) -> list[str]:
         """The texts of `doc`'s chunks, in document order (from the manifest; no KV is read)."""

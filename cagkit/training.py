@@ -22,6 +22,7 @@ passage and for a recall continuation (a span of the passage repeated).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -210,8 +211,10 @@ class TrainingData:
 
     def __init__(self, paths: list[Path]):
         self.paths = list(paths)
-        self.sizes = [len(self._open(path)["ids"]) for path in self.paths]
+        shapes = [tuple(part["ids"].shape) for part in self.parts()]  # [n, P] per shard
+        self.sizes = [shape[0] for shape in shapes]
         self.starts = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        self.tokens = sum(math.prod(shape) for shape in shapes)  # target prefix tokens over all examples
 
     @staticmethod
     def _open(path: Path) -> dict:
@@ -219,11 +222,6 @@ class TrainingData:
 
     def __len__(self) -> int:
         return sum(self.sizes)
-
-    @property
-    def tokens(self) -> int:
-        """Target prefix tokens over all examples."""
-        return sum(int(part["ids"].numel()) for part in self.parts())
 
     def parts(self):
         """Each shard's fields ({name: [n, ...]}), one shard at a time."""
@@ -234,7 +232,7 @@ class TrainingData:
         """The examples at `indices` (positions over all shards, in that order), each field stacked."""
         rows = []
         for index in indices.tolist():
-            shard = max(i for i, start in enumerate(self.starts) if start <= index)
+            shard = bisect.bisect_right(self.starts, index) - 1
             rows.append((shard, index - self.starts[shard]))
         opened = {shard: self._open(self.paths[shard]) for shard in {shard for shard, _ in rows}}
         return {key: torch.stack([opened[shard][key][row] for shard, row in rows])
@@ -377,47 +375,52 @@ def attention_loss(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: Tran
         sink_keys = prefill_kv(target.model, sink, tables).keys.to(kv.dtype) if sink else None  # [Lt, S, Hk, D]
     total = kv.new_zeros(())
     for layer in layers:
-        with torch.no_grad():
-            native = prefix_attention(target, batch["target_kv"].to(kv.dtype), batch["hidden"], layer, cfg, tables,
-                                      sink_keys)
-        translated = prefix_attention(target, kv, batch["hidden"], layer, cfg, tables, sink_keys)
+        native, translated = prefix_attention(target, [batch["target_kv"].to(kv.dtype), kv], batch["hidden"], layer,
+                                              cfg, tables, sink_keys)
         total = total + (native.exp() * (native - translated)).sum(-1).mean()
     return total / max(len(layers), 1)
 
 
-def prefix_attention(target: LoadedModel, kv: torch.Tensor, hidden: torch.Tensor, layer: int,
-                     cfg: TranslatorConfig, tables: RotaryTables, sink_keys: torch.Tensor | None = None) -> torch.Tensor:
-    """Log-attention [B, Hk, G, C, S + P] of the continuation's queries in `layer` over the sink keys (RoPE-free
-    [Lt, S, Hk, D], if given) and the prefix keys of `kv` (raw RoPE-free K|V [B, P, Lt, 2Ft]), normalised over
-    those positions. The queries come from `hidden` [B, Lt, C, E], each layer's output over the continuation
-    (the next layer's input), at the positions the training replay uses: sink, prefix, continuation. Gradients
-    flow into `kv` only."""
+def prefix_attention(target: LoadedModel, kvs: list[torch.Tensor], hidden: torch.Tensor, layer: int,
+                     cfg: TranslatorConfig, tables: RotaryTables,
+                     sink_keys: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Per K|V in `kvs` (raw RoPE-free [B, P, Lt, 2Ft]), the log-attention [B, Hk, G, C, S + P] of the
+    continuation's queries in `layer` over the sink keys (RoPE-free [Lt, S, Hk, D], if given) and its prefix
+    keys, normalised over those positions. The queries, computed once, come from `hidden` [B, Lt, C, E], each
+    layer's output over the continuation (the next layer's input), at the positions the training replay uses:
+    sink, prefix, continuation. Gradients flow into the keys only."""
     attn = target.model.get_decoder().layers[layer].self_attn
-    b, steps = kv.shape[:2]
+    b, steps = kvs[0].shape[:2]
     length = hidden.shape[2]
     start = len(sink_ids(target))
     heads, dim = cfg.target_heads, cfg.target_head_dim
+    dtype = kvs[0].dtype
     with torch.no_grad():
-        x = target.model.get_decoder().layers[layer].input_layernorm(hidden[:, layer - 1].to(kv.dtype))  # [B, C, E]
+        x = target.model.get_decoder().layers[layer].input_layernorm(hidden[:, layer - 1].to(dtype))  # [B, C, E]
         q = attn.q_proj(x).view(b, length, -1, dim)  # [B, C, Hq, D]
         if getattr(attn, "q_norm", None) is not None:
             q = attn.q_norm(q)
         q = apply_rope(q, *tables(layer, torch.arange(start + steps, start + steps + length)))
         q = q.view(b, length, heads, -1, dim) * attn.scaling  # [B, C, Hk, G, D]: query heads grouped by KV head
-    k = kv[:, :, layer, : cfg.target_kv_dim].reshape(b, steps, heads, dim)
-    if sink_keys is not None:
-        k = torch.cat([sink_keys[layer][None].expand(b, -1, -1, -1), k], dim=1)  # [B, S + P, Hk, D]
-    first = start - (k.shape[1] - steps)  # the position of the first key
-    k = apply_rope(k, *tables(layer, torch.arange(first, start + steps)))
-    logits = torch.einsum("bchgd,bphd->bhgcp", q, k)
+    first = start - (sink_keys.shape[1] if sink_keys is not None else 0)  # the position of the first key
+    cos, sin = tables(layer, torch.arange(first, start + steps))
     cap = getattr(attn, "attn_logit_softcapping", None) or getattr(attn.config, "attn_logit_softcapping", None)
-    if cap:  # Gemma 2 style soft-capping
-        logits = torch.tanh(logits / cap) * cap
     window = getattr(attn, "sliding_window", None)
-    if window:  # a sliding-window layer: a query sees the keys less than `window` positions back
-        distance = torch.arange(start + steps, start + steps + length)[:, None] - torch.arange(first, start + steps)
-        logits = logits.masked_fill(distance >= window, -1e9)  # a row with nothing in sight stays finite
-    return torch.log_softmax(logits, dim=-1)
+    # a sliding-window layer: a query sees the keys less than `window` positions back
+    hidden_keys = (torch.arange(start + steps, start + steps + length)[:, None] - torch.arange(first, start + steps)
+                   >= window) if window else None  # [C, S + P]
+    out = []
+    for kv in kvs:
+        k = kv[:, :, layer, : cfg.target_kv_dim].reshape(b, steps, heads, dim)
+        if sink_keys is not None:
+            k = torch.cat([sink_keys[layer][None].expand(b, -1, -1, -1), k], dim=1)  # [B, S + P, Hk, D]
+        logits = torch.einsum("bchgd,bphd->bhgcp", q, apply_rope(k, cos, sin))
+        if cap:  # Gemma 2 style soft-capping
+            logits = torch.tanh(logits / cap) * cap
+        if hidden_keys is not None:
+            logits = logits.masked_fill(hidden_keys, -1e9)  # a row with nothing in sight stays finite
+        out.append(torch.log_softmax(logits, dim=-1))
+    return out
 
 
 def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings: TrainSettings,

@@ -249,7 +249,7 @@ def test_prefix_attention_is_the_targets_own_attention(pair, corpus, tmp_path):
         for first, keys in ((len(sink), None), (0, sink_keys)):  # the prefix alone, or the sink and the prefix
             expected = attentions[layer][:, :, len(sink) + P:, first: len(sink) + P]  # continuation -> them
             expected = expected / expected.sum(-1, keepdim=True)
-            got = prefix_attention(target, kv, batch["hidden"], layer, cfg, tables, keys).exp()  # [B, Hk, G, C, *]
+            got = prefix_attention(target, [kv], batch["hidden"], layer, cfg, tables, keys)[0].exp()  # [B, Hk, G, C, *]
             assert torch.allclose(got.flatten(1, 2), expected, atol=1e-3), layer  # stored K fp16, hidden bf16
     assert float(attention_loss(target, kv, batch, cfg, tables)) == pytest.approx(0.0, abs=1e-6)
     shifted = kv.clone().requires_grad_(True)
