@@ -522,12 +522,14 @@ def _continuation_logp(target: LoadedModel, cache: DynamicCache, continuation: l
 
 @torch.no_grad()
 def evaluate_translator(translator: Translator, source: LoadedModel, target: LoadedModel, corpus: Path,
-                        settings: TrainSettings, native_bottom: tuple[int, ...] = ()) -> dict:
+                        settings: TrainSettings, native_bottom: tuple[int, ...] = (), swap_halves: bool = False
+                        ) -> dict:
     """Held-out continuation scores with no context, native context and translated context (through the public
     `translate` path): NLL of the true tokens, recovery = (none - translated) / (none - native), and the fidelity
     to native, KL(native || context) over the full vocabulary (NLL alone can beat native by sharpening, KL
     cannot). `native_bottom` also scores hybrids whose bottom k layers come from a native prefill (the
-    injection-depth trade-off), with timings per chunk."""
+    injection-depth trade-off), with timings per chunk. `swap_halves` also scores the translated chunk with
+    native keys (`native_keys`) and with native values (`native_values`): which half loses the context."""
     P, C = settings.prefix_tokens, settings.continuation_tokens
     windows = sample_windows(corpus_files(corpus, heldout=True), settings.heldout_examples, settings.seed + 7,
                              target, P + C)
@@ -557,6 +559,9 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         for k in native_bottom:
             contexts[f"native_bottom_{k}"] = [ChunkKV(torch.cat([native.keys[:k], translated.keys[k:]]),
                                                       torch.cat([native.values[:k], translated.values[k:]]))]
+        if swap_halves:
+            contexts["native_keys"] = [ChunkKV(native.keys, translated.values.to(native.values.dtype))]
+            contexts["native_values"] = [ChunkKV(translated.keys.to(native.keys.dtype), native.values)]
         for task, continuation in continuations.items():
             logps = {}
             for name, chunks in contexts.items():

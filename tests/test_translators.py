@@ -22,6 +22,7 @@ from cagkit.training import (
     TrainSettings,
     attention_loss,
     batch_losses,
+    evaluate_translator,
     fit_ridge,
     fit_statistics,
     generate_data,
@@ -257,6 +258,28 @@ def test_prefix_attention_is_the_targets_own_attention(pair, corpus, tmp_path):
     loss.backward()
     assert float(loss.detach()) > 1e-3 and shifted.grad[..., : cfg.target_kv_dim].abs().sum() > 0
     assert shifted.grad[..., cfg.target_kv_dim:].abs().sum() == 0  # values do not enter the attention
+
+
+def test_swapping_halves_scores_native_keys_and_native_values(pair, corpus, monkeypatch):
+    """A translator that gets the keys exactly right and the values all zero: with native keys it scores what
+    it scores alone, and with native values it scores what native does."""
+    source, target = pair
+    translator = _rounded_translator(pair, "mot")
+    sink, tables = sink_ids(target), RotaryTables(target.model)
+    real = translator.translate
+
+    def keys_only(source_kv, source_ids, offsets, text, model):
+        _, ids = real(source_kv, source_ids, offsets, text, model)
+        native = prefill_kv(target.model, sink + ids, tables)
+        return ChunkKV(native.keys[:, len(sink):], torch.zeros_like(native.values[:, len(sink):])), ids
+
+    monkeypatch.setattr(translator, "translate", keys_only)
+    scores = evaluate_translator(translator, source, target, corpus, tiny_settings(), swap_halves=True)
+    for task in (scores, scores["recall"]):
+        nll = task["nll"]
+        assert nll["native_keys"] == pytest.approx(nll["translated"], abs=1e-5)
+        assert nll["native_values"] == pytest.approx(nll["native"], abs=1e-5)
+        assert nll["translated"] != pytest.approx(nll["native"], abs=1e-3)
 
 
 def test_recall_examples_replay_a_span_of_their_own_prefix(pair, corpus, tmp_path):
