@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from cagkit.blend import blend as blend_chunks, question_priority
-from cagkit.embeddings import embed_query, embed_with_sentences
+from cagkit.embeddings import embed_query, embed_sentences
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
@@ -227,7 +227,7 @@ def _sentences(chunks: list[StoredChunk]) -> list[tuple]:
     before cagkit kept them) and remembered for the next question in this process, which often retrieves the
     same chunks: embedding their sentences costs about as much as the repair itself."""
     missing = list(dict.fromkeys(c.text for c in chunks if c.sentences is None and c.text not in _COMPUTED_SENTENCES))
-    for text, found in zip(missing, embed_with_sentences(missing)[1] if missing else []):
+    for text, found in zip(missing, embed_sentences(missing) if missing else []):
         _COMPUTED_SENTENCES[text] = found
     out = []
     for c in chunks:

@@ -130,7 +130,7 @@ def question_priority(question_vector, sentences: list[tuple], offsets: list[tor
     recomputes whole sentences, most similar first, instead of the tokens the layer-1 deviation picks.
 
     question_vector: the question's unit embedding [E]; sentences: per chunk, its sentence character spans
-    [S, 2] and unit embeddings [S, E] (`cagkit.embeddings.embed_with_sentences`, or as the store keeps them);
+    [S, 2] and unit embeddings [S, E] (`cagkit.embeddings.embed_sentences`, or as the store keeps them);
     offsets: per chunk, the [T, 2] character spans of its KV positions' tokens; a token belongs to the sentence
     holding its last character (so " The" opens its sentence). Tokens in no sentence (whitespace between them)
     come last; within a sentence earlier tokens come first, so a sentence cut by the budget keeps its start.

@@ -50,10 +50,21 @@ def embed_query(text: str) -> np.ndarray:
 def embed_with_sentences(texts: list[str]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Embeddings of `texts` [N, E], and per text its sentence spans [S, 2] and their embeddings [S, E], from one
     batch through the embedder (what ingest stores for `--blend-select question`)."""
+    return _embedded(texts, whole=True)
+
+
+def embed_sentences(texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per text, its sentence spans [S, 2] and their embeddings [S, E] only (`embed_with_sentences` without the
+    whole texts' embeddings)."""
+    return _embedded(texts, whole=False)[1]
+
+
+def _embedded(texts: list[str], whole: bool) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     spans = [sentence_spans(t) for t in texts]
-    vectors = embed(list(texts) + [t[a:b] for t, sp in zip(texts, spans) for a, b in sp])
-    out, at = [], len(texts)
+    heads = list(texts) if whole else []
+    vectors = embed(heads + [t[a:b] for t, sp in zip(texts, spans) for a, b in sp])
+    out, at = [], len(heads)
     for sp in spans:
         out.append((np.asarray(sp, dtype=np.int32).reshape(-1, 2), vectors[at: at + len(sp)]))
         at += len(sp)
-    return vectors[: len(texts)], out
+    return vectors[: len(heads)], out

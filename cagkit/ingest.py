@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cagkit.documents import chunk_text, find_documents, read_document
-from cagkit.embeddings import EMBEDDER_NAME, embed_with_sentences
+from cagkit.embeddings import EMBEDDER_NAME, embed_sentences, embed_with_sentences
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
 from cagkit.kvcache import prefill_kv
 from cagkit.models import load_model
@@ -156,7 +156,7 @@ def _ingest_documents(
             if old is not None and old.sha256 == sha and old.metadata == (metadata or {}) and st.is_intact(old):
                 report.unchanged.append(key)
                 if not st.has_sentences(old):  # no prefill needed: embed the sentences the repair selects by
-                    st.add_sentences(old, embed_with_sentences(st.chunk_texts(old))[1])
+                    st.add_sentences(old, embed_sentences(st.chunk_texts(old)))
                     report.upgraded.append(key)
                 continue
             todo.append((key, text, sha, metadata, old is not None))

@@ -234,7 +234,7 @@ def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_wor
     # ... and only once per process: the next question that retrieves the chunk reuses them
     calls = []
     with monkeypatch.context() as patch:
-        patch.setattr(importlib.import_module("cagkit.ask"), "embed_with_sentences", calls.append)
+        patch.setattr(importlib.import_module("cagkit.ask"), "embed_sentences", calls.append)
         (spans3, _), = _sentences([old])
     assert calls == [] and spans3.tolist() == spans.tolist()
     # The next ingest adds them to the file without prefilling again, and keeps the KV as it was.
