@@ -395,6 +395,13 @@ def test_report_names_placement_options_in_the_run_label(tmp_path):
     assert "## smollm2 → gemma, dev-v2.0.part-a.json\n" in text
     assert "## smollm2 → gemma, dev-v2.0.part-a.json, blend 0.5\n" in text
     assert "--target gemma --blend 0.5 --blend-select deviation\n```" in text  # reproduces it under today's defaults
+    as_stored = tmp_path / "as_stored.json"
+    for blend, shown in [(0.0, False), (0.5, True)]:
+        as_stored.write_text(json.dumps({**run, "settings": {**run["settings"], "blend": blend,
+                                                             "blend_select": "question"}}))
+        write_report([as_stored], tmp_path / "D.md", tmp_path / "plots")
+        # which tokens a blend picks is in the settings line only when there is a blend
+        assert ('blend_select="question"' in (tmp_path / "D.md").read_text()) is shown
     run["settings"].update(Placement().settings())  # a run at today's default records every option
     blended.write_text(json.dumps(run))
     write_report([blended], tmp_path / "C.md", tmp_path / "plots")
