@@ -8,9 +8,10 @@
 
 from cagkit.ask import Answer, ask, retrieve
 from cagkit.errors import CagkitError
-from cagkit.ingest import IngestReport, ingest, ingest_texts
+from cagkit.ingest import IngestReport, ingest, ingest_texts, remove
 from cagkit.models import load_model
 from cagkit.store import Store
 
-__all__ = ["Answer", "CagkitError", "IngestReport", "Store", "ask", "ingest", "ingest_texts", "load_model", "retrieve"]
+__all__ = ["Answer", "CagkitError", "IngestReport", "Store", "ask", "ingest", "ingest_texts", "load_model", "remove",
+           "retrieve"]
 __version__ = "0.1.0"

@@ -114,6 +114,40 @@ def _cmd_translators_list(args) -> int:
     return 0
 
 
+def _cmd_store_info(args) -> int:
+    from cagkit.store import Store
+
+    with Store.open(args.store) as st:
+        info = st.summary()
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    s = info["settings"]
+    print(f"{info['store']}: {info['documents']} documents, {info['chunks']} chunks, {info['tokens']} tokens, "
+          f"{info['bytes'] / 1e6:.1f} MB")
+    print(f"source {s['source']} (fingerprint {s['source_fingerprint']}), {s['dtype']} KV, chunks of at most "
+          f"{s['chunk_tokens']} tokens, embedder {s['embedder']}, format {s['format_version']}")
+    if info["per_document"]:
+        print(f"\n{'chunks':>6} {'tokens':>7} {'KV MB':>7}  {'state':<12}  document")
+    for d in info["per_document"]:
+        print(f"{d['chunks']:>6} {d['tokens']:>7} {d['kv_bytes'] / 1e6:>7.1f}  {d['state']:<12}  {d['path']}")
+    bad = [d["path"] for d in info["per_document"] if d["state"] != "ok"]
+    if bad:
+        print(f"\n{len(bad)} of {info['documents']} documents need `cagkit ingest` again (damaged ones are rebuilt, older ones get the "
+              f"sentence embeddings the default repair selects by)")
+    return 0
+
+
+def _cmd_store_remove(args) -> int:
+    from cagkit.ingest import remove
+
+    removed = remove(args.paths, store=args.store)
+    for path in removed:
+        print(f"removed {path}")
+    print(f"{len(removed)} document{'s' * (len(removed) != 1)} removed from {args.store}")
+    return 0
+
+
 def _cmd_eval(args) -> int:
     from cagkit.evaluation.runner import run_eval
 
@@ -164,6 +198,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object with answer, sources and timings")
     p.set_defaults(func=_cmd_ask)
+
+    p = sub.add_parser("store", help="what a store holds, or drop documents from it")
+    ssub = p.add_subparsers(dest="store_command", required=True)
+    t = ssub.add_parser("info", help="the store's settings and, per document, chunks, tokens, KV size and state")
+    t.add_argument("--store", default=store_default, help="store directory (default: %(default)s, or $CAGKIT_STORE)")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_cmd_store_info)
+    t = ssub.add_parser("remove", help="drop documents (by file, or every one under a folder) without re-ingesting")
+    t.add_argument("paths", nargs="+", help="stored documents: their files or folders, or ids given to ingest_texts")
+    t.add_argument("--store", default=store_default, help="store directory (default: %(default)s, or $CAGKIT_STORE)")
+    t.set_defaults(func=_cmd_store_remove)
 
     p = sub.add_parser("models", help="list the known models: installed, converted, shape, KV bytes per token")
     p.add_argument("--convert", nargs="*", metavar="MODEL", help="convert these models now (first use does it anyway)")

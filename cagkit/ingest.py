@@ -204,3 +204,29 @@ def _progress_bar(todo, lm, enabled):
 
     total = sum(len(text) for _, text, _, _, _ in todo)
     return tqdm(total=total, unit="char", unit_scale=True, desc=f"prefill ({lm.name})", file=sys.stderr)
+
+
+def remove(paths: list[str | Path], store: str | Path = DEFAULT_STORE) -> list[str]:
+    """Drop documents from `store` without ingesting anything: each of `paths` is a document as stored (its
+    resolved file path, or the id given to `ingest_texts`) or a folder, which drops every document under it.
+    Returns the stored paths removed.
+
+    Nothing is removed unless every path matches a stored document, so a typo never half-applies; the error
+    names the paths that matched nothing.
+    """
+    with Store.open(store) as st:
+        settings = st.settings
+    with Store.open_for_writing(store, settings) as st:
+        stored = [doc.path for doc in st.documents()]
+        chosen, unmatched = [], []
+        for given in paths:
+            as_file = str(Path(given).expanduser().resolve())
+            found = [p for p in stored if p in (str(given), as_file) or p.startswith(as_file.rstrip("/") + "/")]
+            (chosen.extend(found) if found else unmatched.append(str(given)))
+        if unmatched:
+            raise CagkitError(f"no document in store {store} is or lies under {', '.join(unmatched)}; "
+                              f"`cagkit store info --store {store}` lists what it holds")
+        chosen = list(dict.fromkeys(chosen))
+        for path in chosen:
+            st.remove_document(path)
+    return chosen

@@ -192,8 +192,7 @@ class Store:
     def is_intact(self, doc: Document) -> bool:
         """True when the document's KV file opens and holds every chunk the manifest lists (the sentence tensors
         are optional: files written before they were kept are intact without them)."""
-        keys = self._kv_names(doc)
-        return keys is not None and all(f"{i}.{name}" in keys for i in range(doc.n_chunks) for name in _CHUNK_TENSORS)
+        return _holds(self._kv_names(doc), doc, _CHUNK_TENSORS)
 
     def _kv_names(self, doc: Document) -> set[str] | None:
         """The tensor names in `doc`'s KV file, or None when it does not open (any failure to parse means the
@@ -253,8 +252,7 @@ class Store:
 
     def has_sentences(self, doc: Document) -> bool:
         """True when every chunk of `doc` has its sentence spans and embeddings in its KV file."""
-        keys = self._kv_names(doc)
-        return keys is not None and all(f"{i}.{name}" in keys for i in range(doc.n_chunks) for name in _SENTENCE_TENSORS)
+        return _holds(self._kv_names(doc), doc, _SENTENCE_TENSORS)
 
     def chunk_texts(self, doc: Document) -> list[str]:
         """The texts of `doc`'s chunks, in document order (from the manifest; no KV is read)."""
@@ -278,6 +276,8 @@ class Store:
         os.replace(tmp, final)
 
     def remove_document(self, path: str) -> None:
+        """Drop one document: its manifest rows first (one transaction), then its KV file; unknown paths are a
+        no-op."""
         old = self.document(path)
         if old is None:
             return
@@ -287,6 +287,32 @@ class Store:
         if not self._conn.execute("SELECT 1 FROM documents WHERE kv_file = ?", (old.kv_file,)).fetchone():
             (self.path / "kv" / old.kv_file).unlink(missing_ok=True)
         self._matrix = None
+
+    def summary(self) -> dict:
+        """What the store holds, for people and scripts (`cagkit store info`): its settings, totals and, per
+        document, chunks, tokens, KV bytes on disk and state: `ok`, `no sentences` (written before sentence
+        embeddings were kept; the next `cagkit ingest` of it adds them) or `damaged` (re-ingest it)."""
+        documents = []
+        for doc in self.documents():
+            file = self.path / "kv" / doc.kv_file
+            names = self._kv_names(doc)  # read once for both checks
+            if not _holds(names, doc, _CHUNK_TENSORS):
+                state = "damaged"
+            elif not _holds(names, doc, _SENTENCE_TENSORS):
+                state = "no sentences"
+            else:
+                state = "ok"
+            documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
+                              "kv_bytes": file.stat().st_size if file.exists() else 0, "state": state,
+                              "metadata": doc.metadata})
+        manifest = self.path / "manifest.sqlite"
+        return {
+            "store": str(self.path), "settings": dict(self.settings.__dict__),
+            "documents": len(documents), "chunks": sum(d["chunks"] for d in documents),
+            "tokens": sum(d["tokens"] for d in documents),
+            "bytes": sum(d["kv_bytes"] for d in documents) + (manifest.stat().st_size if manifest.exists() else 0),
+            "per_document": documents,
+        }
 
     # -- retrieval and loading -----------------------------------------------------------------------------
 
@@ -352,6 +378,11 @@ class Store:
         for file in (self.path / "kv").iterdir():
             if file.name not in listed:
                 file.unlink(missing_ok=True)
+
+
+def _holds(names: set[str] | None, doc: Document, tensors: tuple[str, ...]) -> bool:
+    """True when a KV file with tensor `names` (None: it does not open) has `tensors` for every chunk of `doc`."""
+    return names is not None and all(f"{i}.{name}" in names for i in range(doc.n_chunks) for name in tensors)
 
 
 def _sentence_tensors(index: int, sentences: tuple) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import subprocess
@@ -248,3 +249,47 @@ def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_wor
         assert np.allclose(again.sentences[1], vectors, atol=1e-3)
         assert st.has_sentences(st.document(doc.path))
     assert _ingest(docs, store).upgraded == []
+
+
+def test_store_summary_and_remove(tiny_llama, docs, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    from cagkit.cli import main
+    from cagkit.ingest import remove
+
+    store = tmp_path / "store"
+    _ingest(docs, store)
+    bakery, lighthouse = str((docs / "bakery.txt").resolve()), str((docs / "lighthouse.md").resolve())
+    with Store.open(store) as st:
+        info = st.summary()
+        kv_file = store / "kv" / st.document(bakery).kv_file
+    assert (info["documents"], info["chunks"], info["settings"]["source"]) == (2, 4, "tiny-llama")
+    assert [(d["path"], d["chunks"], d["state"]) for d in info["per_document"]] == [(bakery, 2, "ok"),
+                                                                                    (lighthouse, 2, "ok")]
+    assert info["per_document"][0]["kv_bytes"] == kv_file.stat().st_size
+    assert info["tokens"] == sum(d["tokens"] for d in info["per_document"]) > 0
+    # a file from before sentence embeddings, then a damaged one: the summary says which needs re-ingesting
+    save_file({k: v for k, v in load_file(kv_file).items() if "sentence" not in k}, str(kv_file))
+    with Store.open(store) as st:
+        assert st.summary()["per_document"][0]["state"] == "no sentences"
+    kv_file.write_bytes(kv_file.read_bytes()[:100])
+    capsys.readouterr()
+    assert main(["store", "info", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "2 documents, 4 chunks" in out and "damaged" in out and "1 of 2 documents need `cagkit ingest` again" in out
+    assert main(["store", "info", "--store", str(store), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["per_document"][0]["state"] == "damaged"
+
+    # a path that matches nothing removes nothing and names itself
+    with pytest.raises(CagkitError, match=r"no document in store .* lies under .*nowhere\.md.*cagkit store info"):
+        remove([docs / "lighthouse.md", docs / "nowhere.md"], store=store)
+    with Store.open(store) as st:
+        assert len(st.documents()) == 2
+    assert remove([docs / "lighthouse.md"], store=store) == [lighthouse]
+    with Store.open(store) as st:
+        assert [d.path for d in st.documents()] == [bakery] and st.num_chunks() == 2
+        assert retrieve(st, "lighthouse", top_k=4)[0].doc_path == bakery
+    assert main(["store", "remove", str(docs), "--store", str(store)]) == 0  # a folder drops all under it
+    assert "1 document removed" in capsys.readouterr().out
+    with Store.open(store) as st:
+        assert st.documents() == [] and list((store / "kv").iterdir()) == []
