@@ -131,10 +131,10 @@ def _cmd_store_info(args) -> int:
         print(f"\n{'chunks':>6} {'tokens':>7} {'KV MB':>7}  {'state':<12}  document")
     for d in info["per_document"]:
         print(f"{d['chunks']:>6} {d['tokens']:>7} {d['kv_bytes'] / 1e6:>7.1f}  {d['state']:<12}  {d['path']}")
-    bad = [d["path"] for d in info["per_document"] if d["state"] != "ok"]
-    if bad:
-        print(f"\n{len(bad)} of {info['documents']} documents need `cagkit ingest` again (damaged ones are rebuilt, older ones get the "
-              f"sentence embeddings the default repair selects by)")
+    stale = sum(d["state"] != "ok" for d in info["per_document"])
+    if stale:
+        print(f"\n{stale} of {info['documents']} documents need `cagkit ingest` again (damaged ones are rebuilt, "
+              f"older ones get the sentence embeddings the default repair selects by)")
     return 0
 
 
