@@ -362,7 +362,13 @@ def list_translators(directory: Path | None = None) -> list[dict]:
     do, "loss only" when the loss does but the KL does not (the translated context sharpened the prediction
     rather than reproducing the native one), else "no"; "unknown" when the card has no held-out scores.
     """
+    given = directory
     directory = Path(directory) if directory else translators_dir()
+    if not directory.is_dir():
+        where = ("--dir" if given else "$CAGKIT_TRANSLATORS" if os.environ.get("CAGKIT_TRANSLATORS")
+                 else "the shipped translators/ folder: cagkit finds it beside its package, so install cagkit "
+                      "from its repository with `pip install -e .`, or point $CAGKIT_TRANSLATORS at a copy")
+        raise TranslatorError(f"translator folder {directory} does not exist; check {where}")
     rows = []
     for path in sorted(directory.glob("*__*.safetensors")):
         pair, _, kind = path.name[: -len(".safetensors")].partition(".")

@@ -168,6 +168,14 @@ def test_translators_list_names_a_broken_card(tmp_path, capsys):
     assert "a__b.json" in line and "cagkit translators train --source a --target b" in line
 
 
+def test_translators_list_names_a_missing_folder(tmp_path, capsys, monkeypatch):
+    assert main(["translators", "list", "--dir", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere does not exist; check --dir" in _error_line(capsys)
+    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path / "gone"))
+    assert main(["translators", "list"]) == 2
+    assert "gone does not exist; check $CAGKIT_TRANSLATORS" in _error_line(capsys)
+
+
 def test_translators_list_on_the_shipped_folder_has_every_pair(capsys):
     assert main(["translators", "list", "--json"]) == 0
     pairs = {(r["source"], r["target"]) for r in json.loads(capsys.readouterr().out) if r["kind"] == "mot"}
