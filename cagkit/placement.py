@@ -62,12 +62,16 @@ class Placement:
             parts.append(f"blend {self.blend:g}" + (" by question" if self.blend_select == "question" else ""))
         return "".join(f", {p}" for p in parts)
 
+    def inert_fields(self) -> tuple[str, ...]:
+        """The options that have no effect under this placement: which tokens a blend of 0 would pick."""
+        return () if self.blend else ("blend_select",)
+
     def cli_args(self) -> list[str]:
         """The `cagkit ask` / `cagkit eval` options that reproduce this placement (those not at the default)."""
         default = Placement()
         changed = {k: v for k, v in asdict(self).items() if v != getattr(default, k)}
-        if not self.blend:
-            changed.pop("blend_select", None)  # which tokens a blend of 0 would pick does not matter
+        for name in self.inert_fields():
+            changed.pop(name, None)
         return [arg for k, v in changed.items()
                 for arg in (f"--{k.replace('_', '-')}", f"{v:g}" if isinstance(v, float) else str(v))]
 

@@ -129,10 +129,9 @@ def _section(run: dict) -> list[str]:
               "median translate ms", "KV bytes / context token", "n"]
     lines = [f"## {_label(run)}", ""]
     if run.get("settings"):
-        recorded = dict(run["settings"])
-        if not Placement.from_settings(recorded).blend:
-            recorded.pop("blend_select", None)  # which tokens a blend of 0 would pick does not matter
-        settings = ", ".join(f"{key}={json.dumps(value)}" for key, value in recorded.items())
+        inert = Placement.from_settings(run["settings"]).inert_fields()
+        settings = ", ".join(f"{key}={json.dumps(value)}" for key, value in run["settings"].items()
+                             if key not in inert)
         lines += [f"Settings: {settings}", ""]
     lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for method in _method_order([run]):
