@@ -208,7 +208,7 @@ class TargetStream:
 
             self.mode = "mot"
             translator = load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind="mot")
-            pairs = [translator.translate(c.kv, c.token_ids, c.offsets, c.text, lm) for c in chunks]
+            pairs = translator.translate_many([(c.kv, c.token_ids, c.offsets, c.text) for c in chunks], lm)
             self.kvs = [kv for kv, _ in pairs]
             chunk_ids = [ids for _, ids in pairs]
         self.translate_s = time.perf_counter() - started

@@ -15,7 +15,7 @@ from cagkit.blend import blend as blend_chunks, question_priority
 from cagkit.embeddings import embed_query, embed_sentences
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
-from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
+from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache, synchronize
 from cagkit.models import LoadedModel, load_model
 from cagkit.placement import Placement
 from cagkit.rope import RotaryTables
@@ -58,6 +58,7 @@ def ask(
     recompute_layers: int = Placement.recompute_layers,
     blend: float = Placement.blend,
     blend_select: str = Placement.blend_select,
+    device: str | None = None,
 ) -> Answer:
     """Answer `question` from the documents in `store` with `model`.
 
@@ -81,6 +82,8 @@ def ask(
             (see `Placement`); 0 places the chunks exactly as stored or translated (fastest).
         blend_select: which tokens the blend recomputes: `question` (the sentences most similar to the
             question) or `deviation` (CacheBlend's choice).
+        device: where the target runs: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a GPU), `cpu`,
+            `cuda` or `cuda:N`. Stored and translated KV is moved there as it is placed.
     """
     if mode not in MODES:
         raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
@@ -88,7 +91,7 @@ def ask(
         raise CagkitError("the question is empty; pass the question as the last argument")
     opened = store if isinstance(store, Store) else Store.open(store)
     try:
-        lm = load_model(model)
+        lm = load_model(model, device)
         t0 = time.perf_counter()
         hits = retrieve(opened, question, top_k)
         t1 = time.perf_counter()
@@ -184,6 +187,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
             offsets = [_token_offsets(lm, c, chunk_ids) for c, chunk_ids in zip(stored, ids)]
             priority = question_priority(embed_query(question), _sentences(stored), offsets)
         kvs = blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
+    synchronize(lm.device)
     translate_s = time.perf_counter() - loaded_at
     cache = prefix_cache(lm.model, prefix_ids)
     place_chunks(lm.model, cache, kvs, tables)
@@ -264,5 +268,5 @@ def _target_kv(lm: LoadedModel, store: Store, chunks: list[StoredChunk], kind: s
     from cagkit.translators import load_translator
 
     translator = load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=kind)
-    pairs = [translator.translate(c.kv, c.token_ids, c.offsets, c.text, lm) for c in chunks]
+    pairs = translator.translate_many([(c.kv, c.token_ids, c.offsets, c.text) for c in chunks], lm)
     return [kv for kv, _ in pairs], [list(ids) for _, ids in pairs]

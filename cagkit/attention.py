@@ -5,7 +5,8 @@ without a transpose. `attention` runs flash-attn on a CUDA tensor when the optio
 installed (`pip install 'cagkit[gpu]'`) and PyTorch's scaled-dot-product attention otherwise;
 `reference_attention` is the textbook computation both are tested against. `layer_kv` gives one layer of placed
 chunks in this layout, RoPE applied: the same keys and values `cagkit.kvcache.place_chunks` writes into
-transformers' `[B, H, T, D]` cache.
+transformers' `[B, H, T, D]` cache. Either flash-attn generation serves: FlashAttention-2 (`pip install
+'cagkit[gpu]'`) or FlashAttention-4 (`pip install flash-attn-4`, Hopper and Blackwell GPUs only).
 
 Query positions are the last `Tq` of the `Tk` key positions (a question after its context), so the causal mask
 is aligned bottom-right, as flash-attn aligns it.
@@ -14,6 +15,8 @@ is aligned bottom-right, as flash-attn aligns it.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
+from functools import lru_cache
 
 import torch
 
@@ -21,11 +24,38 @@ from cagkit.kvcache import ChunkKV
 from cagkit.rope import RotaryTables, apply_rope
 
 
+@lru_cache(maxsize=1)
+def _flash_attn() -> tuple[Callable, int] | None:
+    """flash-attn's `flash_attn_func` and its generation: FlashAttention-2 (`flash_attn`, the `cagkit[gpu]` extra)
+    or, failing that, FlashAttention-4 (`flash_attn.cute`, package `flash-attn-4`, for Hopper and Blackwell GPUs);
+    None when neither imports."""
+    try:
+        from flash_attn import flash_attn_func
+
+        return flash_attn_func, 2
+    except (ImportError, OSError):
+        pass
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        return flash_attn_func, 4
+    except (ImportError, OSError):
+        return None
+
+
 def flash_attn_available(device: torch.device | str | None = None) -> bool:
     """Whether flash-attn can run here: the package is installed and the device (default: any) is CUDA."""
     if importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available():
         return False
-    return device is None or torch.device(device).type == "cuda"
+    if device is not None and torch.device(device).type != "cuda":
+        return False
+    return _flash_attn() is not None
+
+
+def flash_attn_version() -> int | None:
+    """2 or 4: which flash-attn `attention` uses on CUDA; None without one."""
+    found = _flash_attn() if flash_attn_available() else None
+    return found[1] if found else None
 
 
 def _mask(tq: int, tk: int, causal: bool, window: int | None, device) -> torch.Tensor | None:
@@ -66,16 +96,24 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, window: int | None = None,
-              scale: float | None = None) -> torch.Tensor:
-    """Attention in the flash layout: flash-attn on CUDA when installed, else PyTorch SDPA. Shapes as
-    `reference_attention`."""
-    if q.is_cuda and flash_attn_available(q.device):
-        from flash_attn import flash_attn_func
-
+              scale: float | None = None, backend: str = "auto") -> torch.Tensor:
+    """Attention in the flash layout. Shapes as `reference_attention`. `backend`: `flash` (flash-attn, CUDA
+    tensors only), `sdpa` (PyTorch's scaled-dot-product attention, any device) or `auto` (flash-attn on CUDA
+    when installed, else SDPA)."""
+    if backend not in ("auto", "flash", "sdpa"):
+        raise ValueError(f"unknown attention backend {backend!r}; use auto, flash or sdpa")
+    use_flash = backend == "flash" or (backend == "auto" and q.is_cuda and flash_attn_available(q.device))
+    if use_flash:
+        if not (q.is_cuda and flash_attn_available(q.device)):
+            raise RuntimeError("the flash backend needs CUDA tensors and flash-attn (pip install 'cagkit[gpu]')")
+        func, version = _flash_attn()
         # flash-attn takes fp16/bf16, aligns the causal mask bottom-right and handles grouped-query heads itself.
         half = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
-        out = flash_attn_func(q.to(half), k.to(half), v.to(half), softmax_scale=scale, causal=causal,
-                              window_size=(window - 1, 0) if window is not None else (-1, -1))
+        unlimited = (-1, -1) if version == 2 else (None, None)
+        out = func(q.to(half), k.to(half), v.to(half), softmax_scale=scale, causal=causal,
+                   window_size=(window - 1, 0) if window is not None else unlimited)
+        if isinstance(out, tuple):  # FlashAttention-4 returns (out, log-sum-exp)
+            out = out[0]
         return out.to(q.dtype)
     heads = q.shape[2]
     allowed = _mask(q.shape[1], k.shape[1], causal, window, q.device)
@@ -90,5 +128,5 @@ def layer_kv(chunks: list[ChunkKV], layer: int, tables: RotaryTables, start: int
     """One layer of `chunks` placed from position `start`, RoPE applied, in the flash layout: ([1, N, H, D] x 2)."""
     keys = torch.cat([c.keys[layer] for c in chunks]).float()  # [N, H, D]
     values = torch.cat([c.values[layer] for c in chunks]).float()
-    cos, sin = tables(layer, torch.arange(start, start + keys.shape[0]))
-    return apply_rope(keys, cos, sin)[None], values[None]
+    cos, sin = tables(layer, torch.arange(start, start + keys.shape[0]))  # on the model's device
+    return apply_rope(keys.to(cos.device), cos, sin)[None], values.to(cos.device)[None]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from cagkit.kvcache import ChunkKV, prefill_kv
+from cagkit.kvcache import ChunkKV, model_device, prefill_kv
 from cagkit.rope import RotaryTables, apply_rope, decoder_stack, layer_types, remove_rope
 
 JOINT_LAYERS = 2  # bottom layers prefilled jointly; the deviation is measured at the top one of them
@@ -47,9 +47,10 @@ def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[l
         if kv.num_tokens != len(ids):
             raise ValueError(f"a chunk has {kv.num_tokens} KV positions but {len(ids)} token ids")
     tables = tables or RotaryTables(model)
+    device = model_device(model)
     sizes = [kv.num_tokens for kv in chunks]
-    keys = torch.cat([kv.keys.float() for kv in chunks], dim=1)  # [L, M, H, D]
-    values = torch.cat([kv.values.float() for kv in chunks], dim=1)
+    keys = torch.cat([kv.keys.to(device).float() for kv in chunks], dim=1)  # [L, M, H, D]
+    values = torch.cat([kv.values.to(device).float() for kv in chunks], dim=1)
     num_layers, total = keys.shape[0], keys.shape[1]
     start = len(prefix_ids)
     ids = list(prefix_ids) + [t for c in chunk_ids for t in c]
@@ -64,7 +65,7 @@ def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[l
     if priority is not None and priority.shape != (total,):
         raise ValueError(f"priority has shape {tuple(priority.shape)}, expected ({total},): one per context token")
     count = max(1, round(ratio * total))
-    order = deviation if priority is None else priority  # kept in its own precision: ties are broken by tiny steps
+    order = deviation if priority is None else priority.to(device)  # own precision: ties are broken by tiny steps
     chosen = torch.topk(order, count).indices.sort().values  # chunk-relative indices
     if joint_layers < num_layers:
         new_k, new_v = _recompute(model, ids, start, ChunkKV(keys, values), chosen, tables)
@@ -84,12 +85,13 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
     every layer over the prefix and the `placed` chunks."""
     decoder = decoder_stack(model)
     dtype = next(model.parameters()).dtype
+    device = model_device(model)
     cache = DynamicCache()  # config-less: every layer keeps every token, the masks below do the windowing
     if start:
-        decoder(input_ids=torch.tensor([ids[:start]]), cache=cache, use_cache=True)
+        decoder(input_ids=torch.tensor([ids[:start]], device=device), cache=cache, use_cache=True)
     # The cache holds the prefix and the tokens that are not recomputed, each at its own position; the chosen
     # tokens' stale entries are left out, so attention spans the context once.
-    kept = torch.ones(placed.num_tokens, dtype=torch.bool)
+    kept = torch.ones(placed.num_tokens, dtype=torch.bool, device=device)
     kept[chosen] = False
     kept_positions = kept.nonzero().flatten() + start
     for layer in range(placed.keys.shape[0]):
@@ -99,7 +101,7 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
                      layer)
     positions = chosen + start
     # Each chosen token sees the kept tokens before it and the chosen tokens' new KV (appended last) up to itself.
-    key_pos = torch.cat([torch.arange(start), kept_positions, positions])
+    key_pos = torch.cat([torch.arange(start, device=device), kept_positions, positions])
     allowed = key_pos[None, :] <= positions[:, None]
     config = model.config.get_text_config()
     masks = {"full_attention": _additive(allowed, dtype)}
@@ -107,7 +109,7 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
         near = positions[:, None] - key_pos[None, :] < config.sliding_window
         masks["sliding_attention"] = _additive(allowed & near, dtype)
     mask = masks if len(masks) > 1 else masks["full_attention"]
-    query = torch.tensor([[ids[p] for p in positions.tolist()]])
+    query = torch.tensor([[ids[p] for p in positions.tolist()]], device=device)
     context = cache.get_seq_length()
     decoder(input_ids=query, position_ids=positions[None], attention_mask=mask, cache=cache, use_cache=True)
     keys, values = [], []
@@ -121,7 +123,7 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A [1, 1, Q, K] additive mask (0 where allowed), which eager and SDPA attention both read."""
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
 
 

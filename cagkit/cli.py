@@ -20,7 +20,7 @@ def _cmd_ingest(args) -> int:
     from cagkit.ingest import ingest
 
     report = ingest(args.paths, store=args.store, source=args.source, chunk_tokens=args.chunk_tokens,
-                    prune=args.prune, dtype=args.dtype, progress=not args.quiet)
+                    prune=args.prune, dtype=args.dtype, progress=not args.quiet, device=args.device)
     print(
         f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "
         f"{len(report.removed)} removed, {len(report.failed)} skipped; {report.chunks} chunks, {report.tokens} tokens "
@@ -39,7 +39,7 @@ def _cmd_ask(args) -> int:
     stream = None if args.json else (lambda piece: print(piece, end="", flush=True))
     result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
                  max_new_tokens=args.max_new_tokens, on_text=stream, recompute_layers=args.recompute_layers,
-                 blend=args.blend, blend_select=args.blend_select)
+                 blend=args.blend, blend_select=args.blend_select, device=args.device)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -154,7 +154,8 @@ def _cmd_eval(args) -> int:
     out = run_eval(data=args.data, source=args.source, target=args.target, methods=args.methods.split(","),
                    limit=args.limit, top_k=args.top_k, full_context=args.full_context, out=args.out,
                    data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store,
-                   recompute_layers=args.recompute_layers, blend=args.blend, blend_select=args.blend_select)
+                   recompute_layers=args.recompute_layers, blend=args.blend, blend_select=args.blend_select,
+                   device=args.device)
     print(f"wrote {out}")
     return 0
 
@@ -183,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prune", action="store_true", help="drop stored documents whose files are no longer under PATHS")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"], help="stored KV dtype (default: %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_device_option(p)
     p.set_defaults(func=_cmd_ingest)
 
     p = sub.add_parser("ask", help="answer a question from the stored documents")
@@ -197,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_placement_options(p)
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object with answer, sources and timings")
+    _add_device_option(p)
     p.set_defaults(func=_cmd_ask)
 
     p = sub.add_parser("store", help="what a store holds, or drop documents from it")
@@ -254,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--store", default=None, help="store to ingest the documents into (default: a fresh one under results/)")
     p.add_argument("--out", default=None, help="results JSON (default: results/<data>-<source>-<target>.json)")
+    _add_device_option(p)
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("report", help="write BENCHMARKS.md tables and plots from eval results")
@@ -280,6 +284,12 @@ def _add_placement_options(p: argparse.ArgumentParser) -> None:
                         "choice) (default: %(default)s)")
 
 
+def _add_device_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, metavar="DEVICE",
+                   help="where the models run: auto (CUDA when PyTorch sees a GPU, else the CPU), cpu, cuda or "
+                        "cuda:N (default: $CAGKIT_DEVICE, else auto)")
+
+
 def _quiet_libraries() -> None:
     """Keep the terminal for cagkit's own output: the CLI reports skipped documents itself."""
     from transformers.utils import logging as hf_logging
@@ -296,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_libraries()
     try:
+        if getattr(args, "device", None):
+            from cagkit.models import resolve_device
+
+            resolve_device(args.device)  # a bad --device fails before any work, not after an ingest
         return args.func(args)
     except CagkitError as exc:
         print(f"error: {exc}", file=sys.stderr)

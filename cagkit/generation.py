@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cagkit.kvcache import model_device, synchronize
+
 _CONTEXT_MARK = "\x00CAGKIT-CONTEXT\x00"
 # End-of-turn tokens of common chat formats; a token counts only if the model's vocabulary has it.
 _END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
@@ -71,10 +73,13 @@ def generate(
     Base models (plain prompts) stop at the end of the answer's first line; chat models at end of turn.
     """
     stops = stop_ids(lm)
+    device = model_device(lm.model)
     start = time.perf_counter()
     # Only the last position's logits are needed: the LM head over every prompt token would cost more than the
     # prefill itself for a large vocabulary (Gemma 3 has 262k tokens).
-    logits = lm.model(input_ids=torch.tensor([input_ids]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+    logits = lm.model(input_ids=torch.tensor([input_ids], device=device), cache=cache, use_cache=True,
+                      logits_to_keep=1).logits[0, -1]
+    synchronize(device)
     prefill_s = time.perf_counter() - start
     first_token_at = time.perf_counter()
     out: list[int] = []
@@ -93,7 +98,7 @@ def generate(
             shown = _emit(on_text, shown, text)
             break
         shown = _emit(on_text, shown, text)
-        logits = lm.model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1]
+        logits = lm.model(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True).logits[0, -1]
     return Generation(text.strip(), out, prefill_s, first_token_at, time.perf_counter() - decode_start)
 
 

@@ -52,6 +52,7 @@ def ingest(
     prune: bool = False,
     dtype: str = "float16",
     progress: bool = True,
+    device: str | None = None,
 ) -> IngestReport:
     """Add the documents under `paths` to `store`, prefilling each new or changed one with `source`.
 
@@ -63,6 +64,8 @@ def ingest(
         prune: drop documents from the store whose files are no longer under `paths`.
         dtype: how KV is stored: float16 (default), bfloat16 or float32.
         progress: draw a progress bar on stderr.
+        device: where the source model prefills: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a
+            GPU), `cpu`, `cuda` or `cuda:N`. The stored KV is the same either way, up to rounding.
 
     Unchanged files (same content hash, intact KV file) are skipped; a file that cannot be read is skipped with
     a warning and listed in the report. Each document is committed on its own, so an interrupted run keeps what
@@ -83,7 +86,7 @@ def ingest(
             yield str(file.resolve()), text, None
 
     keep = {str(f.resolve()) for f in files} if prune else None
-    return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress)
+    return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress, device)
 
 
 def ingest_texts(
@@ -94,6 +97,7 @@ def ingest_texts(
     prune: bool = False,
     dtype: str = "float16",
     progress: bool = True,
+    device: str | None = None,
 ) -> IngestReport:
     """Add in-memory documents to `store`: the same as `ingest`, for text that is not (or not only) in files.
 
@@ -101,7 +105,7 @@ def ingest_texts(
         items: `(doc_id, text)` or `(doc_id, text, metadata)` per document. `doc_id` names the document in the
             store (as a file's path does) and must be stable across runs for unchanged documents to be skipped;
             `metadata` (JSON-serialisable) is stored with it and returned with its retrieved chunks.
-        store, source, chunk_tokens, dtype, progress: as for `ingest`.
+        store, source, chunk_tokens, dtype, progress, device: as for `ingest`.
         prune: drop documents from the store whose ids are not among `items`.
 
     A document is skipped as unchanged when its text and metadata are both unchanged; empty text is skipped with
@@ -127,7 +131,7 @@ def ingest_texts(
             continue
         docs[doc_id] = (doc_id, text, metadata)
     keep = set(docs) | {doc_id for doc_id, _ in report.failed} if prune else None
-    return _ingest_documents(docs.values(), report, store, source, chunk_tokens, keep, dtype, progress)
+    return _ingest_documents(docs.values(), report, store, source, chunk_tokens, keep, dtype, progress, device)
 
 
 def _ingest_documents(
@@ -139,11 +143,12 @@ def _ingest_documents(
     keep: set[str] | None,
     dtype: str,
     progress: bool,
+    device: str | None = None,
 ) -> IngestReport:
     """Prefill and store each new or changed `(key, text, metadata)`; with `keep`, remove stored documents not in it."""
     if chunk_tokens < 16:
         raise ValueError(f"--chunk-tokens must be at least 16, got {chunk_tokens}")
-    lm = load_model(source)
+    lm = load_model(source, device)
     settings = StoreSettings(source=lm.name, source_fingerprint=lm.fingerprint, dtype=dtype,
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)
     started = time.perf_counter()

@@ -26,20 +26,35 @@ class ChunkKV:
         return self.keys.shape[1]
 
 
+def model_device(model) -> torch.device:
+    """The device of a model's weights: where its inputs (and the KV placed into its cache) must be (the CPU for
+    a model without parameters)."""
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first.device if first is not None else torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work, so a wall-clock reading after it counts that work (no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class _StopForward(Exception):
     pass
 
 
 @torch.no_grad()
 def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None, layers: int | None = None) -> ChunkKV:
-    """Prefill `input_ids` alone at positions 0..T-1 and return every layer's KV with RoPE removed (fp32).
+    """Prefill `input_ids` alone at positions 0..T-1 and return every layer's KV with RoPE removed (fp32, on the
+    model's device).
 
     A config-less DynamicCache keeps every token of every layer (sliding-window layers included, whose attention
     the mask still limits), so nothing of a long chunk is dropped. With `layers`, only the bottom `layers` layers
     run (a partial prefill costs about layers / L of a full one) and only their KV is returned.
     """
     tables = tables or RotaryTables(model)
-    ids = torch.tensor([input_ids], dtype=torch.long)
+    device = model_device(model)
+    ids = torch.tensor([input_ids], dtype=torch.long, device=device)
     cache = DynamicCache()
     decoder = decoder_stack(model)
     total = len(decoder.layers)
@@ -58,7 +73,7 @@ def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None, 
     finally:
         if hook is not None:
             hook.remove()
-    positions = torch.arange(len(input_ids))
+    positions = torch.arange(len(input_ids), device=device)
     keys, values = [], []
     for layer, cached in enumerate(cache.layers):
         k = cached.keys[0].transpose(0, 1).float()  # [1, H, T, D] -> [T, H, D]
@@ -74,7 +89,8 @@ def prefix_cache(model, prefix_ids: list[int]) -> DynamicCache:
     """Prefill the target-native prefix (chat header, BOS) into a cache shaped by the model's config."""
     cache = DynamicCache(config=model.config)
     if prefix_ids:
-        model(input_ids=torch.tensor([prefix_ids], dtype=torch.long), cache=cache, use_cache=True)
+        model(input_ids=torch.tensor([prefix_ids], dtype=torch.long, device=model_device(model)), cache=cache,
+              use_cache=True)
     return cache
 
 
@@ -88,9 +104,10 @@ def place_chunks(model, cache: DynamicCache, chunks: list[ChunkKV], tables: Rota
         return
     tables = tables or RotaryTables(model)
     start = cache.get_seq_length()
-    keys = torch.cat([c.keys for c in chunks], dim=1)  # [L, N, H, D]
-    values = torch.cat([c.values for c in chunks], dim=1)
-    positions = torch.arange(start, start + keys.shape[1])
+    device = model_device(model)
+    keys = torch.cat([c.keys.to(device) for c in chunks], dim=1)  # [L, N, H, D]
+    values = torch.cat([c.values.to(device) for c in chunks], dim=1)
+    positions = torch.arange(start, start + keys.shape[1], device=device)
     dtype = next(model.parameters()).dtype
     for layer in range(keys.shape[0]):
         cos, sin = tables(layer, positions)

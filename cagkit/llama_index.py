@@ -118,6 +118,7 @@ class CAGQueryEngine(BaseQueryEngine):
         callback_manager: LlamaIndex callbacks (default: `Settings.callback_manager`).
         placement: ask-time speed/quality options (`cagkit.ask.Placement`: `recompute_layers`, `blend`,
             `blend_select`).
+        device: where the model runs: `auto` (default, or `$CAGKIT_DEVICE`), `cpu`, `cuda` or `cuda:N`.
 
     The prompt around the chunks is cagkit's (`cagkit.generation.prompt_parts`), not a LlamaIndex template, because
     the chunks enter the model as KV rather than as prompt text. Response metadata holds the model, the mode, the
@@ -135,6 +136,7 @@ class CAGQueryEngine(BaseQueryEngine):
         store: str | Path | Store | None = None,
         callback_manager: CallbackManager | None = None,
         placement: Placement | None = None,
+        device: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise CagkitError(f"unknown mode '{mode}'; use one of {', '.join(MODES)}")
@@ -146,7 +148,7 @@ class CAGQueryEngine(BaseQueryEngine):
             )
         self.store_path = store.path if isinstance(store, Store) else Path(store)
         self.model = model
-        self.lm = load_model(model)
+        self.lm = load_model(model, device)
         self.mode = mode
         self.placement = placement or Placement()
         self.placement.check(self.lm)

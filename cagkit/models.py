@@ -190,7 +190,7 @@ def fingerprint(model) -> str:
     with torch.no_grad():
         for name, tensor in sorted(model.state_dict().items()):
             flat = tensor.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // 256)][:256].to(torch.float32)
+            sample = flat[:: max(1, flat.numel() // 256)][:256].to(torch.float32).cpu()
             digest.update(f"{name}{tuple(tensor.shape)}".encode())
             digest.update(sample.numpy().round(5).tobytes())
     return digest.hexdigest()[:16]
@@ -212,6 +212,13 @@ class LoadedModel:
         return self.model.config.get_text_config()
 
     @property
+    def device(self):
+        """Where the model's weights live (and every tensor cagkit feeds it must be)."""
+        from cagkit.kvcache import model_device
+
+        return model_device(self.model)
+
+    @property
     def num_layers(self) -> int:
         return self.config.num_hidden_layers
 
@@ -231,16 +238,47 @@ class LoadedModel:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-_LOADED: dict[str, LoadedModel] = {}
+_LOADED: dict[tuple[str, str], LoadedModel] = {}
+_REGISTERED: dict[str, LoadedModel] = {}
 
 
-def load_model(name: str) -> LoadedModel:
-    """Load a model by alias, Hugging Face id or directory (fp32, eval mode); cached per process."""
-    if name in _LOADED:
-        return _LOADED[name]
+def resolve_device(device: str | None = None):
+    """The torch device models run on: `device`, else `$CAGKIT_DEVICE`, else `auto` (CUDA when PyTorch sees a
+    GPU, otherwise the CPU). Accepts `auto`, `cpu`, `cuda` and `cuda:N`."""
+    import torch
+
+    name = (device or os.environ.get("CAGKIT_DEVICE") or "auto").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(name)
+    except (RuntimeError, ValueError):
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):
+        raise ModelError(f"unknown device '{name}' (from --device or $CAGKIT_DEVICE); use auto, cpu, cuda or cuda:N")
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelError(f"device '{name}' was asked for but PyTorch sees no CUDA GPU here; use --device cpu "
+                             "(or auto), or install a CUDA build of torch")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ModelError(f"device '{name}' does not exist: PyTorch sees {torch.cuda.device_count()} GPU(s), "
+                             f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return resolved
+
+
+def load_model(name: str, device: str | None = None) -> LoadedModel:
+    """Load a model by alias, Hugging Face id or directory (fp32, eval mode) onto `device` (see
+    `resolve_device`); cached per process and device. A model made loadable with `register_loaded` is returned
+    as registered, wherever it lives."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    target = resolve_device(device)
+    key = (name, str(target))
+    if key in _LOADED:
+        return _LOADED[key]
     display, where = resolve(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
@@ -259,13 +297,14 @@ def load_model(name: str) -> LoadedModel:
         chat=spec.chat if spec else tokenizer.chat_template is not None,
         info=info,
     )
-    _LOADED[name] = loaded
+    model.to(target)
+    _LOADED[key] = loaded
     return loaded
 
 
 def register_loaded(name: str, loaded: LoadedModel) -> None:
     """Make an in-memory model loadable by `name` (tests use tiny random models this way)."""
-    _LOADED[name] = loaded
+    _REGISTERED[name] = loaded
 
 
 def describe_models() -> list[dict]:

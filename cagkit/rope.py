@@ -46,9 +46,11 @@ class RotaryTables:
 
     @torch.no_grad()
     def __call__(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [T] long -> cos, sin: [T, D] float32
-        probe = torch.zeros(1, dtype=torch.float32)
-        pos = positions.reshape(1, -1)
+        # positions: [T] long -> cos, sin: [T, D] float32, on the model's device
+        buffer = next(self.rotary.buffers(), None)  # the inverse frequencies, on the model's device
+        device = buffer.device if buffer is not None else positions.device
+        probe = torch.zeros(1, dtype=torch.float32, device=device)
+        pos = positions.reshape(1, -1).to(device)
         if self._by_type:
             cos, sin = self.rotary(probe, pos, self.types[layer])
         else:

@@ -213,8 +213,8 @@ class Store:
         dtype = DTYPES[self.settings.dtype]
         tensors: dict[str, torch.Tensor] = {}
         for i, c in enumerate(chunks):
-            tensors[f"{i}.keys"] = c.kv.keys.to(dtype).contiguous()  # [L, T, H, D]
-            tensors[f"{i}.values"] = c.kv.values.to(dtype).contiguous()
+            tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=dtype).contiguous()  # [L, T, H, D]
+            tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=dtype).contiguous()
             tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)  # [T]
             tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)  # [T, 2]
             if c.sentences is not None:

@@ -624,7 +624,7 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     torch.manual_seed(settings.seed)
     corpus = Path(corpus)
     started = time.time()
-    src, tgt = load_model(source), load_model(target)
+    src, tgt = load_model(source, device="cpu"), load_model(target, device="cpu")  # training runs on the CPU
     out = Path(out) if out else translator_path(source, target, kind)
     work_dir = Path(work_dir) if work_dir else cagkit_home() / "train" / f"{source}__{target}"
     cfg = TranslatorConfig.for_models(kind, src, tgt, **settings.sizes)

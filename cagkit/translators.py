@@ -36,7 +36,7 @@ from torch import nn
 
 from cagkit.alignment import align
 from cagkit.errors import TranslatorError
-from cagkit.kvcache import ChunkKV
+from cagkit.kvcache import ChunkKV, model_device
 
 KINDS = ("mot", "projector", "linear")
 FORMAT_VERSION = 1
@@ -119,6 +119,10 @@ class LayerTranslator(nn.Module):
     the compressed window and the tokens (`projector`: one expert, always chosen).
     """
 
+    # Run every expert on every token (True), only on the tokens routed to it (False), or the first on a GPU and
+    # the second on the CPU (None). The result is the same up to rounding.
+    dense_experts: bool | None = None
+
     def __init__(self, cfg: TranslatorConfig, source_dim: int, in_dim: int):
         super().__init__()
         out_dim = 2 * cfg.target_kv_dim
@@ -150,10 +154,17 @@ class LayerTranslator(nn.Module):
         probs = torch.softmax(self.router(h), dim=-1)  # [N, E]
         top_p, top_i = probs.topk(self.top_k, dim=-1)  # [N, k]
         gates = top_p / top_p.sum(dim=-1, keepdim=True)
-        for e, expert in enumerate(self.experts):
-            rows, slot = (top_i == e).nonzero(as_tuple=True)
-            if rows.numel():
-                y = y.index_add(0, rows, gates[rows, slot, None] * expert(h[rows]))
+        if self.dense_experts if self.dense_experts is not None else x.is_cuda:
+            # Every expert over every row, unchosen ones weighted 0: more arithmetic, but no per-expert row lists,
+            # whose sizes the GPU would have to report back to the host before each expert could run.
+            weights = torch.zeros_like(probs).scatter(1, top_i, gates)  # [N, E]
+            for e, expert in enumerate(self.experts):
+                y = y + weights[:, e, None] * expert(h)
+        else:
+            for e, expert in enumerate(self.experts):
+                rows, slot = (top_i == e).nonzero(as_tuple=True)
+                if rows.numel():
+                    y = y.index_add(0, rows, gates[rows, slot, None] * expert(h[rows]))
         # Switch-style balance: fraction of assignments per expert times its mean probability, 1.0 when uniform
         share = torch.bincount(top_i.reshape(-1), minlength=len(self.experts)).float() / top_i.numel()
         balance = len(self.experts) * (share * probs.mean(dim=0)).sum()
@@ -271,38 +282,56 @@ class Translator:
     ) -> tuple[ChunkKV, list[int]]:
         """Target-space RoPE-free KV [Lt, Tt, Ht, Dt] of `text` as the target tokenizes it, and those token ids.
 
-        source_kv: the source chunk's KV [Ls, Ts, Hs, Ds] (any float dtype); source_offsets: [Ts, 2] char spans
-        of its tokens in `text`. Layer 0 is computed exactly from the target's embeddings, the rest translated.
+        source_kv: the source chunk's KV [Ls, Ts, Hs, Ds] (any float dtype, any device); source_offsets: [Ts, 2]
+        char spans of its tokens in `text`. Layer 0 is computed exactly from the target's embeddings, the rest
+        translated. The result lives on the target model's device.
         """
+        return self.translate_many([(source_kv, source_token_ids, source_offsets, text)], target)[0]
+
+    @torch.no_grad()
+    def translate_many(self, chunks: list[tuple], target) -> list[tuple[ChunkKV, list[int]]]:
+        """`translate` for several chunks, each `(source_kv, source_token_ids, source_offsets, text)`, in one pass
+        of the network. The translator reads every token on its own (its window is over layers, not tokens), so
+        this gives what one call per chunk gives, with a fraction of the kernel launches: on a GPU those, not the
+        arithmetic, are most of the time."""
         if target.fingerprint != self.target_fingerprint:
             raise TranslatorError(
                 f"translator trained for target fingerprint {self.target_fingerprint} got model '{target.name}' "
                 f"with fingerprint {target.fingerprint}; load the translator for this model with load_translator"
             )
-        source_offsets = torch.as_tensor(source_offsets, dtype=torch.long).reshape(-1, 2)
-        if not (source_kv.num_tokens == len(source_token_ids) == len(source_offsets)):
-            raise TranslatorError(
-                f"source chunk has {source_kv.num_tokens} KV tokens, {len(source_token_ids)} token ids and "
-                f"{len(source_offsets)} offsets; they must agree (was the store built with another tokenizer?)"
-            )
-        enc = target.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids = torch.tensor(enc["input_ids"], dtype=torch.long)  # [Tt]
+        device = model_device(target.model)
+        self.net.to(device)  # a no-op once it is there
         cfg = self.cfg
-        keys = torch.zeros(cfg.target_layers, len(ids), cfg.target_heads, cfg.target_head_dim)
+        all_ids, sources, tokens = [], [], []
+        for source_kv, source_token_ids, source_offsets, text in chunks:
+            source_offsets = torch.as_tensor(source_offsets, dtype=torch.long).reshape(-1, 2)
+            if not (source_kv.num_tokens == len(source_token_ids) == len(source_offsets)):
+                raise TranslatorError(
+                    f"source chunk has {source_kv.num_tokens} KV tokens, {len(source_token_ids)} token ids and "
+                    f"{len(source_offsets)} offsets; they must agree (was the store built with another tokenizer?)"
+                )
+            enc = target.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            ids = torch.tensor(enc["input_ids"], dtype=torch.long, device=device)  # [Tt]
+            all_ids.append(ids)
+            if len(ids) == 0:
+                continue
+            weights = align(source_offsets, torch.tensor(enc["offset_mapping"]), cfg.align_mode).to(device)  # [Tt, Ts]
+            on_device = ChunkKV(source_kv.keys.to(device), source_kv.values.to(device))
+            sources.append(source_features(on_device, weights))  # [Tt, Ls, 2Fs]
+            tokens.append(token_features(target.model, ids))  # [Tt, 2E]
+        lengths = [len(ids) for ids in all_ids]
+        keys = torch.zeros(cfg.target_layers, sum(lengths), cfg.target_heads, cfg.target_head_dim, device=device)
         values = torch.zeros_like(keys)
-        if len(ids) == 0:
-            return ChunkKV(keys, values), []
-        weights = align(source_offsets, torch.tensor(enc["offset_mapping"]), cfg.align_mode)  # [Tt, Ts]
-        source = source_features(source_kv, weights)[None]  # [1, Tt, Ls, 2Fs]
-        tokens = token_features(target.model, ids)[None]  # [1, Tt, 2E]
-        pred, _ = self.net(source, tokens)
-        kv = self.net.denormalise(pred)[0].transpose(0, 1)  # [Tt, Lx, 2Ft] -> [Lx, Tt, 2Ft]
-        shape = (len(cfg.translated_layers), len(ids), cfg.target_heads, cfg.target_head_dim)
-        keys[cfg.native_layers:] = kv[..., : cfg.target_kv_dim].reshape(shape)
-        values[cfg.native_layers:] = kv[..., cfg.target_kv_dim:].reshape(shape)
-        if cfg.native_layers:
-            keys[0], values[0] = embedding_layer_kv(target.model, ids)
-        return ChunkKV(keys, values), ids.tolist()
+        if sources:
+            pred, _ = self.net(torch.cat(sources)[None], torch.cat(tokens)[None])
+            kv = self.net.denormalise(pred)[0].transpose(0, 1)  # [T, Lx, 2Ft] -> [Lx, T, 2Ft]
+            shape = (len(cfg.translated_layers), sum(lengths), cfg.target_heads, cfg.target_head_dim)
+            keys[cfg.native_layers:] = kv[..., : cfg.target_kv_dim].reshape(shape)
+            values[cfg.native_layers:] = kv[..., cfg.target_kv_dim:].reshape(shape)
+            if cfg.native_layers:  # layer 0 depends on each token alone: all chunks at once
+                keys[0], values[0] = embedding_layer_kv(target.model, torch.cat(all_ids))
+        return [(ChunkKV(k, v), ids.tolist())
+                for k, v, ids in zip(keys.split(lengths, dim=1), values.split(lengths, dim=1), all_ids)]
 
     def save(self, path: Path, card: dict | None = None) -> Path:
         """Write the checkpoint (fp16 weights, fp32 statistics) and its JSON card, each atomically."""

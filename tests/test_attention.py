@@ -37,12 +37,36 @@ def test_reference_masks_what_it_should():
     assert not torch.allclose(reference_attention(q, k2, v, True, None), reference_attention(q, k, v, True, None))
 
 
+# (query heads, KV heads, head dim, window): a small case, then the three models' own attention shapes.
+CUDA_SHAPES = [(4, 2, 16, None), (4, 2, 16, 7), (9, 3, 64, None), (14, 2, 64, None), (4, 1, 256, None),
+               (4, 1, 256, 512)]
+CUDA_IDS = ["small", "small-window", "smollm2", "qwen", "gemma-full", "gemma-sliding"]
+
+
 @pytest.mark.skipif(not flash_attn_available("cuda"), reason="needs CUDA and flash-attn (pip install 'cagkit[gpu]')")
-@pytest.mark.parametrize("window", [None, 7])
-def test_flash_attn_matches_reference_on_cuda(window):
-    q, k, v = (t.cuda().bfloat16() for t in _qkv(tk=300))
-    out = attention(q, k, v, True, window)
+@pytest.mark.parametrize("hq,hk,d,window", CUDA_SHAPES, ids=CUDA_IDS)
+def test_flash_attn_matches_reference_on_cuda(hq, hk, d, window):
+    q, k, v = (t.cuda().bfloat16() for t in _qkv(tq=5, tk=1000, hq=hq, hk=hk, d=d))
+    out = attention(q, k, v, True, window, backend="flash")
+    assert out.shape == q.shape and out.is_cuda
     torch.testing.assert_close(out.float(), reference_attention(q, k, v, True, window).float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hq,hk,d,window", CUDA_SHAPES, ids=CUDA_IDS)
+def test_sdpa_on_cuda_matches_reference(hq, hk, d, window):
+    q, k, v = (t.cuda() for t in _qkv(tq=5, tk=1000, hq=hq, hk=hk, d=d))
+    out = attention(q, k, v, True, window, backend="sdpa")
+    assert out.is_cuda
+    torch.testing.assert_close(out, reference_attention(q, k, v, True, window), atol=5e-4, rtol=5e-4)
+
+
+def test_attention_backends_are_checked():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attention(q, k, v, backend="triton")
+    with pytest.raises(RuntimeError, match="needs CUDA tensors and flash-attn"):
+        attention(q, k, v, backend="flash")  # CPU tensors
 
 
 @pytest.mark.parametrize("make", [make_tiny_llama, make_tiny_gemma3], ids=["llama", "gemma3"])

@@ -119,6 +119,10 @@ def test_router_output_is_the_gated_sum_of_its_top_k_experts():
             expected[n] += p * layer.experts[int(e)](h[n])
     assert torch.allclose(y, expected, atol=1e-5)
     assert 1.0 <= balance.item() <= 4.0  # 1 when balanced, E when one expert takes everything
+    layer.dense_experts = True  # every expert on every row (the GPU's way) gives the same output and balance
+    dense, dense_balance = layer(x)
+    assert torch.allclose(dense, y, atol=1e-5) and dense_balance.item() == pytest.approx(balance.item())
+    layer.dense_experts = None
     with torch.no_grad():
         layer.router.weight.zero_()
         layer.router.bias.zero_()
@@ -362,6 +366,23 @@ def test_translate_layout_and_file_round_trip(pair, tmp_path, monkeypatch, kind)
     cache = prefix_cache(target.model, sink_ids(target))
     place_chunks(target.model, cache, [again])
     assert cache.get_seq_length() == len(sink_ids(target)) + len(target_ids)
+
+
+def test_translating_chunks_together_equals_one_at_a_time(pair):
+    source, target = pair
+    translator = _rounded_translator(pair, "mot")
+    for expert in (e for layer in translator.net.layers for e in layer.experts):
+        torch.nn.init.normal_(expert[-1].weight, std=0.1)  # wake the experts so routing counts
+    texts = [TEXT, "Short one.", " ", "Zweite Zeile: Größe 3 µm."]
+    chunks = [(*source_chunk(source, text), text) for text in texts]
+    together = translator.translate_many(chunks, target)
+    assert [len(ids) for _, ids in together] == [len(target.tokenizer(t, add_special_tokens=False)["input_ids"])
+                                                 for t in texts]
+    for (kv, ids), chunk in zip(together, chunks):
+        alone, alone_ids = translator.translate(*chunk, target)
+        assert ids == alone_ids
+        torch.testing.assert_close(kv.keys, alone.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(kv.values, alone.values, atol=1e-5, rtol=1e-5)
 
 
 def test_translated_chunk_uses_the_aligned_source_tokens(pair):

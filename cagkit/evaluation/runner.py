@@ -42,6 +42,7 @@ from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest import DEFAULT_CHUNK_TOKENS, ingest
+from cagkit.kvcache import model_device, synchronize
 from cagkit.models import LoadedModel, load_model
 from cagkit.placement import PLACEMENT_FIELDS, Placement
 from cagkit.store import DTYPES, Hit, Store
@@ -69,6 +70,7 @@ def run_eval(
     recompute_layers: int = Placement.recompute_layers,
     blend: float = Placement.blend,
     blend_select: str = Placement.blend_select,
+    device: str | None = None,
 ) -> Path:
     """Evaluate `methods` on the questions of `data` and write the results JSON; returns its path.
 
@@ -89,6 +91,8 @@ def run_eval(
         blend: every method that places chunks (all but native and none) has this share of the context
             tokens recomputed across chunks (`cagkit.blend`); 0 places them as stored.
         blend_select: which tokens the blend recomputes (`Placement.blend_select`).
+        device: where both models run (`cagkit.models.resolve_device`); recorded in the results as `device`.
+            A run may be resumed on another device, but its time-to-first-token figures then mix the two.
         The three placement options are recorded in the settings, and a results file is resumed only by a run
         with the same ones.
     """
@@ -105,8 +109,8 @@ def run_eval(
     doc_paths = write_documents(examples, _documents_dir(store_path))
     documents = sorted({p for paths in doc_paths for p in paths})
     _log(f"ingesting {len(documents)} documents with {source} into {store_path}")
-    ingest(documents, store=store_path, source=source, chunk_tokens=chunk_tokens, progress=True)
-    source_lm, target_lm = load_model(source), load_model(target)
+    ingest(documents, store=store_path, source=source, chunk_tokens=chunk_tokens, progress=True, device=device)
+    source_lm, target_lm = load_model(source, device), load_model(target, device)
 
     with Store.open(store_path) as st:
         settings = {"top_k": top_k, "full_context": full_context, "limit": limit, "max_new_tokens": max_new_tokens,
@@ -120,6 +124,7 @@ def run_eval(
             "command": _command(data, data_format, source, target, methods, limit, top_k, full_context,
                                 max_new_tokens, store, out, placement),
             "ttft": "from after retrieval to the first answer token's logits",
+            "device": str(target_lm.device),
             "complete": False,
             "methods": {},
         }
@@ -254,8 +259,10 @@ def score_choices(lm: LoadedModel, context, choices: list[str]) -> tuple[list[fl
     on its own copy of the cache.
     """
     model = lm.model
-    last = model(input_ids=torch.tensor([context.pending_ids]), cache=context.cache, use_cache=True,
+    device = model_device(model)
+    last = model(input_ids=torch.tensor([context.pending_ids], device=device), cache=context.cache, use_cache=True,
                  logits_to_keep=1).logits[0, -1]
+    synchronize(device)
     first_token_at = time.perf_counter()
     # A base prompt ends "Answer:", a chat prompt with a newline: the choice follows as it would be written.
     lead = "" if lm.tokenizer.decode(context.pending_ids[-1:])[-1:].isspace() else " "
@@ -265,10 +272,11 @@ def score_choices(lm: LoadedModel, context, choices: list[str]) -> tuple[list[fl
         logits = last[None]  # [1, V]: predicts ids[0]
         if len(ids) > 1:
             cache = copy.deepcopy(context.cache)
-            rest = model(input_ids=torch.tensor([ids[:-1]]), cache=cache, use_cache=True).logits[0]  # [T-1, V]
+            rest = model(input_ids=torch.tensor([ids[:-1]], device=device), cache=cache,
+                         use_cache=True).logits[0]  # [T-1, V]
             logits = torch.cat([logits, rest])  # [T, V]: row t predicts ids[t]
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        scores.append(float(logprobs[torch.arange(len(ids)), torch.tensor(ids)].mean()))
+        scores.append(float(logprobs[torch.arange(len(ids)), torch.tensor(ids, device=device)].mean()))
     return scores, first_token_at
 
 
