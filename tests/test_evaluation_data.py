@@ -402,6 +402,9 @@ def test_report_names_placement_options_in_the_run_label(tmp_path):
         write_report([as_stored], tmp_path / "D.md", tmp_path / "plots")
         # which tokens a blend picks is in the settings line only when there is a blend
         assert ('blend_select="question"' in (tmp_path / "D.md").read_text()) is shown
+    as_stored.write_text(json.dumps({**run, "device": "cuda:0"}))  # the device the times were taken on is named
+    write_report([as_stored], tmp_path / "D.md", tmp_path / "plots")
+    assert 'device="cuda:0"' in (tmp_path / "D.md").read_text()
     run["settings"].update(Placement().settings())  # a run at today's default records every option
     blended.write_text(json.dumps(run))
     write_report([blended], tmp_path / "C.md", tmp_path / "plots")

@@ -8,6 +8,7 @@ Results JSON contract (one file per dataset and source -> target pair, written b
      "settings": {"top_k": 4, "full_context": false, "limit": 50,
                   "max_new_tokens": 24, "chunk_tokens": 256},
      "command": "cagkit eval --data ...",            # the exact command, to reproduce the file
+     "device": "cpu",                                # where the models ran (files before 2026-11-30: absent)
      "methods": {"native": {...}, "none": {...}, "source": {...},
                  "linear": {...}, "projector": {...}, "mot": {...}, "oracle": {...}}}
 
@@ -130,8 +131,10 @@ def _section(run: dict) -> list[str]:
     lines = [f"## {_label(run)}", ""]
     if run.get("settings"):
         inert = Placement.from_settings(run["settings"]).inert_fields()
-        settings = ", ".join(f"{key}={json.dumps(value)}" for key, value in run["settings"].items()
-                             if key not in inert)
+        shown = {key: value for key, value in run["settings"].items() if key not in inert}
+        if run.get("device"):  # the times depend on it
+            shown["device"] = run["device"]
+        settings = ", ".join(f"{key}={json.dumps(value)}" for key, value in shown.items())
         lines += [f"Settings: {settings}", ""]
     lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for method in _method_order([run]):
