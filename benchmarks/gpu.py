@@ -22,7 +22,8 @@ shapes, not the values, so the timings hold for the real weights; the answers ar
 quality is measured here. Models run in float32, as cagkit loads them.
 
 Results go to `--out` (rewritten after every measurement): the device, torch and transformers versions, the
-source prefill throughput, and one row per target, size and method.
+source prefill throughput (batched as `cagkit ingest` batches on the device, and one chunk at a time), and one row
+per target, size and method.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ import torch
 
 from cagkit.ask import answer_from_chunks
 from cagkit.documents import chunk_text
-from cagkit.kvcache import prefill_kv, synchronize
-from cagkit.models import LoadedModel, converted_dir, load_model, register_loaded, resolve_device
+from cagkit.ingest import prefill_chunks
+from cagkit.kvcache import ChunkKV, synchronize
+from cagkit.models import KNOWN_MODELS, LoadedModel, converted_dir, load_model, register_loaded, resolve_device
 from cagkit.placement import Placement
 from cagkit.rope import RotaryTables
 from cagkit.store import Hit, StoredChunk
@@ -84,8 +86,6 @@ def random_model(alias: str, device: torch.device) -> LoadedModel:
     config = AutoConfig.from_pretrained(where)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().to(device)
     info = json.loads((where / "cagkit-model.json").read_text())
-    from cagkit.models import KNOWN_MODELS
-
     lm = LoadedModel(name=alias, model=model, tokenizer=AutoTokenizer.from_pretrained(where),
                      fingerprint=info["fingerprint"], chat=KNOWN_MODELS[alias].chat, info=info)
     register_loaded(alias, lm)
@@ -106,23 +106,30 @@ def random_translators(source: str, targets: list[str], shipped: Path, fingerpri
     return folder
 
 
-def prefill_chunks(lm: LoadedModel, text: str, chunk_tokens: int, max_tokens: int) -> tuple[list[StoredChunk], dict]:
-    """The text's chunks prefilled by `lm` (as ingest does) until they hold `max_tokens`, and the throughput."""
-    tables = RotaryTables(lm.model)
-    chunks, tokens, seconds = [], 0, 0.0
-    for i, chunk in enumerate(chunk_text(text, lm.count_tokens, chunk_tokens)):
+def stored_chunks(lm: LoadedModel, text: str, chunk_tokens: int, max_tokens: int) -> tuple[list[StoredChunk], dict]:
+    """The text's first chunks (until they hold `max_tokens`) prefilled by `lm` as `cagkit ingest` does, and the
+    prefill throughput: batched as ingest batches on this device, and one chunk at a time."""
+    chunks, tokens = [], 0
+    for chunk in chunk_text(text, lm.count_tokens, chunk_tokens):
         if tokens >= max_tokens:
             break
-        enc = lm.tokenizer(chunk.text, add_special_tokens=False, return_offsets_mapping=True)
-        started = time.perf_counter()
-        kv = prefill_kv(lm.model, enc["input_ids"], tables)
+        chunks.append(chunk)
+        tokens += lm.count_tokens(chunk.text)
+    tables = RotaryTables(lm.model)
+    speed = {}
+    for label, batch in (("batched", None), ("one_at_a_time", 0)):
+        prefill_chunks(lm, tables, chunks[:2], batch_tokens=batch)  # warm-up
         synchronize(lm.device)
-        seconds += time.perf_counter() - started
-        kv = type(kv)(kv.keys.to("cpu", torch.float16), kv.values.to("cpu", torch.float16))  # as a store keeps it
-        chunks.append(StoredChunk(i, "docs", i, chunk.text, enc["input_ids"],
-                                  torch.tensor(enc["offset_mapping"]).reshape(-1, 2), kv))
-        tokens += len(enc["input_ids"])
-    return chunks, {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
+        started = time.perf_counter()
+        new = prefill_chunks(lm, tables, chunks, batch_tokens=batch)
+        synchronize(lm.device)
+        seconds = time.perf_counter() - started
+        count = sum(len(c.token_ids) for c in new)
+        speed[label] = {"tokens": count, "seconds": round(seconds, 3), "tokens_per_s": round(count / seconds, 1)}
+    stored = [StoredChunk(i, "docs", i, c.text, c.token_ids, torch.tensor(c.offsets).reshape(-1, 2),
+                          ChunkKV(c.kv.keys.to("cpu", torch.float16), c.kv.values.to("cpu", torch.float16)))
+              for i, c in enumerate(new)]  # as a store keeps them
+    return stored, speed
 
 
 def measure(lm, store, hits, mode: str, placement: Placement, repeats: int) -> dict:
@@ -174,7 +181,7 @@ def main() -> int:
     else:
         models = {m: load_model(m, args.device) for m in [args.source, *targets]}
     source = models[args.source]
-    chunks, result["source_prefill"] = prefill_chunks(source, documentation_text(), args.chunk_tokens, max(sizes))
+    chunks, result["source_prefill"] = stored_chunks(source, documentation_text(), args.chunk_tokens, max(sizes))
     print(json.dumps(result["source_prefill"]), file=sys.stderr, flush=True)
     store = MemoryStore(MemorySettings(source.name, source.fingerprint), chunks)
     for target in targets:

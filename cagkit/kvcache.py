@@ -85,6 +85,37 @@ def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None, 
 
 
 @torch.no_grad()
+def prefill_kv_batch(model, sequences: list[list[int]], tables: RotaryTables | None = None) -> list[ChunkKV]:
+    """`prefill_kv` of several token sequences in one forward pass: each is right-padded to the longest and
+    masked, so its tokens (which never attend to the padding after them) get the KV of its own prefill, up to
+    rounding. One pass instead of one per sequence is what makes ingest fast on a GPU, where a 256-token prefill
+    is mostly kernel launches."""
+    if len(sequences) == 1:
+        return [prefill_kv(model, sequences[0], tables)]
+    if not sequences or min(len(s) for s in sequences) == 0:
+        raise ValueError("prefill_kv_batch needs at least one sequence, none of them empty")
+    tables = tables or RotaryTables(model)
+    device = model_device(model)
+    longest = max(len(s) for s in sequences)
+    ids = torch.zeros(len(sequences), longest, dtype=torch.long, device=device)
+    mask = torch.zeros(len(sequences), longest, dtype=torch.long, device=device)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long, device=device)
+        mask[row, : len(seq)] = 1
+    cache = DynamicCache()
+    decoder_stack(model)(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+    positions = torch.arange(longest, device=device)
+    keys, values = [], []
+    for layer, cached in enumerate(cache.layers):
+        cos, sin = tables(layer, positions)
+        k = cached.keys.transpose(1, 2).float()  # [B, H, T, D] -> [B, T, H, D]
+        keys.append(remove_rope(k, cos, sin))  # cos, sin [T, D] broadcast over the batch
+        values.append(cached.values.transpose(1, 2).float())
+    keys, values = torch.stack(keys, 1), torch.stack(values, 1)  # [B, L, T, H, D]
+    return [ChunkKV(keys[row, :, : len(seq)], values[row, :, : len(seq)]) for row, seq in enumerate(sequences)]
+
+
+@torch.no_grad()
 def prefix_cache(model, prefix_ids: list[int]) -> DynamicCache:
     """Prefill the target-native prefix (chat header, BOS) into a cache shaped by the model's config."""
     cache = DynamicCache(config=model.config)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from cagkit.models import LoadedModel, convert, register_loaded
+
+# The suite's models run on the CPU, also where there is a GPU (which `auto` would pick): tests compare against
+# CPU tensors. tests/test_device.py puts copies on CUDA itself.
+os.environ.setdefault("CAGKIT_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")

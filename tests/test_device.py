@@ -16,10 +16,13 @@ from conftest import make_tiny_gemma3, make_tiny_llama
 from cagkit.ask import build_context_cache
 from cagkit.blend import blend
 from cagkit.cli import main
+from cagkit.documents import chunk_text
 from cagkit.errors import ModelError
+from cagkit.ingest import prefill_chunks
 from cagkit.kvcache import place_chunks, prefill_kv, prefix_cache
 from cagkit.models import LoadedModel, register_loaded, resolve_device
 from cagkit.placement import Placement
+from cagkit.rope import RotaryTables
 from cagkit.store import Hit, NewChunk, Store, StoreSettings
 from cagkit.translators import Translator, TranslatorConfig, TranslatorNet
 
@@ -72,6 +75,19 @@ def test_prefill_and_placement_on_cuda_match_the_cpu(tiny_gemma):
         question = torch.tensor([ids[:5]], device=lm.device)
         logits.append(lm.model(input_ids=question, cache=cache, use_cache=True).logits[0, -1].cpu())
     torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+
+
+@needs_cuda
+def test_batched_ingest_prefill_on_cuda_matches_the_cpu(tiny_gemma):
+    gpu = on_cuda(tiny_gemma, "tiny-gemma-cuda")
+    chunks = chunk_text(TEXT * 4, tiny_gemma.count_tokens, 24)
+    on_cpu = prefill_chunks(tiny_gemma, RotaryTables(tiny_gemma.model), chunks)  # one at a time
+    on_gpu = prefill_chunks(gpu, RotaryTables(gpu.model), chunks)  # batched, as ingest does on a GPU
+    assert len(on_gpu) == len(on_cpu) > 3
+    for a, b in zip(on_gpu, on_cpu):
+        assert a.kv.keys.is_cuda and a.token_ids == b.token_ids
+        torch.testing.assert_close(a.kv.keys.cpu(), b.kv.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.kv.values.cpu(), b.kv.values, atol=1e-4, rtol=1e-4)
 
 
 @needs_cuda

@@ -6,7 +6,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
+from cagkit.documents import chunk_text
+from cagkit.ingest import prefill_chunks
+from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefill_kv_batch, prefix_cache
 from cagkit.rope import RotaryTables, apply_rope, remove_rope
 
 TEXT = ("The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison. It is 41 metres tall, "
@@ -109,3 +111,26 @@ def test_real_smollm2_reuse_is_exact():
     _, got = _placed(lm.model, prefix, prefill_kv(lm.model, chunk), query)
     torch.testing.assert_close(got, ref, atol=2e-3, rtol=1e-3)
     assert int(got.argmax()) == int(ref.argmax())
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_llama", "tiny_gemma"])
+def test_a_batched_prefill_gives_each_sequence_its_own_kv(model_fixture, request):
+    """Right-padded sequences of different lengths (longer than Gemma's 16-token window) prefilled together get
+    the KV each gets alone, and ingest's batching gives the chunks it gives one at a time."""
+    lm = request.getfixturevalue(model_fixture)
+    text = ("The keeper logged every ship that passed the point. Some nights there were none; on others, a dozen "
+            "came by before dawn. She wrote each down in copper ink, with its flag and the hour.")
+    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    sequences = [ids, ids[:7], ids[5:30]]
+    together = prefill_kv_batch(lm.model, sequences)
+    for seq, kv in zip(sequences, together):
+        alone = prefill_kv(lm.model, seq)
+        assert kv.keys.shape == alone.keys.shape
+        torch.testing.assert_close(kv.keys, alone.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(kv.values, alone.values, atol=1e-5, rtol=1e-5)
+    chunks = chunk_text(text * 3, lm.count_tokens, 24)
+    batched, single = (prefill_chunks(lm, RotaryTables(lm.model), chunks, batch_tokens=b) for b in (80, 0))
+    assert len(batched) == len(single) > 3
+    for a, b in zip(batched, single):
+        assert a.token_ids == b.token_ids and a.offsets == b.offsets
+        torch.testing.assert_close(a.kv.keys, b.kv.keys, atol=1e-5, rtol=1e-5)
