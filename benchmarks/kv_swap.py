@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--out", default="results/kv_swap.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    source, target = load_model(args.source), load_model(args.target)
+    source, target = load_model(args.source, "cpu"), load_model(args.target, "cpu")  # training code: CPU only
     settings = TrainSettings(heldout_examples=args.examples)
     results = {}
     for kind in args.kinds.split(","):

@@ -29,7 +29,7 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    source, target = load_model(args.source), load_model(args.target)
+    source, target = load_model(args.source, "cpu"), load_model(args.target, "cpu")  # training code: CPU only
     after_models = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     work = cagkit_home() / "train" / f"{args.source}__{args.target}"
     folders = sorted(work.glob("data-*"))

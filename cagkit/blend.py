@@ -123,7 +123,8 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A [1, 1, Q, K] additive mask (0 where allowed), which eager and SDPA attention both read."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
 
 
