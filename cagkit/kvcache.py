@@ -73,15 +73,21 @@ def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None, 
     finally:
         if hook is not None:
             hook.remove()
-    positions = torch.arange(len(input_ids), device=device)
+    keys, values = _rope_free(cache, tables, len(input_ids), device)
+    return ChunkKV(keys[0], values[0])
+
+
+def _rope_free(cache: DynamicCache, tables: RotaryTables, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every cached layer's keys with RoPE removed (positions 0..length-1) and its values, in fp32:
+    [B, L, T, H, D] each."""
+    positions = torch.arange(length, device=device)
     keys, values = [], []
     for layer, cached in enumerate(cache.layers):
-        k = cached.keys[0].transpose(0, 1).float()  # [1, H, T, D] -> [T, H, D]
-        v = cached.values[0].transpose(0, 1).float()
         cos, sin = tables(layer, positions)
-        keys.append(remove_rope(k, cos, sin))
-        values.append(v)
-    return ChunkKV(torch.stack(keys), torch.stack(values))
+        k = cached.keys.transpose(1, 2).float()  # [B, H, T, D] -> [B, T, H, D]
+        keys.append(remove_rope(k, cos, sin))  # cos, sin [T, D] broadcast over the batch
+        values.append(cached.values.transpose(1, 2).float())
+    return torch.stack(keys, 1), torch.stack(values, 1)
 
 
 @torch.no_grad()
@@ -104,14 +110,7 @@ def prefill_kv_batch(model, sequences: list[list[int]], tables: RotaryTables | N
         mask[row, : len(seq)] = 1
     cache = DynamicCache()
     decoder_stack(model)(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
-    positions = torch.arange(longest, device=device)
-    keys, values = [], []
-    for layer, cached in enumerate(cache.layers):
-        cos, sin = tables(layer, positions)
-        k = cached.keys.transpose(1, 2).float()  # [B, H, T, D] -> [B, T, H, D]
-        keys.append(remove_rope(k, cos, sin))  # cos, sin [T, D] broadcast over the batch
-        values.append(cached.values.transpose(1, 2).float())
-    keys, values = torch.stack(keys, 1), torch.stack(values, 1)  # [B, L, T, H, D]
+    keys, values = _rope_free(cache, tables, longest, device)  # [B, L, T, H, D]
     return [ChunkKV(keys[row, :, : len(seq)], values[row, :, : len(seq)]) for row, seq in enumerate(sequences)]
 
 

@@ -315,7 +315,8 @@ class Translator:
             all_ids.append(ids)
             if len(ids) == 0:
                 continue
-            weights = align(source_offsets, torch.tensor(enc["offset_mapping"]), cfg.align_mode).to(device)  # [Tt, Ts]
+            target_offsets = torch.tensor(enc["offset_mapping"])
+            weights = align(source_offsets, target_offsets, cfg.align_mode).to(device)  # [Tt, Ts]
             on_device = ChunkKV(source_kv.keys.to(device), source_kv.values.to(device))
             sources.append(source_features(on_device, weights))  # [Tt, Ls, 2Fs]
             tokens.append(token_features(target.model, ids))  # [Tt, 2E]
