@@ -8,8 +8,9 @@ import pytest
 
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS, Example, detect_format, load_examples, split_options
-from cagkit.evaluation.metrics import exact_match, f1, letter_or_text_to_index, mean, median, normalize_answer
-from cagkit.evaluation.report import write_report
+from cagkit.evaluation.metrics import (exact_match, f1, letter_or_text_to_index, mean, median, normalize_answer,
+                                      paired_bootstrap)
+from cagkit.evaluation.report import summary, write_report
 from cagkit.placement import Placement
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -332,6 +333,18 @@ def test_mean_median():
         median([])
 
 
+def test_paired_bootstrap():
+    assert paired_bootstrap([1.0] * 30) == (1.0, 1.0, 1.0)  # no spread: the interval is the point
+    diffs = [1.0, 0.0] * 100  # mean 0.5, standard error 0.035: a 95% interval of about +-0.07
+    mean_, low, high = paired_bootstrap(diffs)
+    assert mean_ == 0.5 and 0.41 < low < 0.46 and 0.54 < high < 0.59
+    assert paired_bootstrap(diffs) == paired_bootstrap(diffs)  # seeded
+    wide = paired_bootstrap(diffs[:20])  # fewer questions, wider interval
+    assert wide[2] - wide[1] > high - low
+    with pytest.raises(ValueError):
+        paired_bootstrap([])
+
+
 # --- report
 
 
@@ -411,6 +424,33 @@ def test_report_names_placement_options_in_the_run_label(tmp_path):
     text = (tmp_path / "C.md").read_text()
     assert "## smollm2 → gemma, dev-v2.0.part-a.json, blend 0.15 by question\n" in text
     assert "```\ncagkit eval --data squad.json --source smollm2 --target gemma\n```" in text
+
+
+def _run_with_records(closed_set: bool, per_method: dict[str, list[float]]) -> dict:
+    """A results dict whose methods score the given per-question values (F1, or 1/0 for right/wrong)."""
+    methods = {}
+    for name, values in per_method.items():
+        examples = [{"id": f"q{i}", "prediction": "x", "ttft_ms": 1.0,
+                     **({"correct": bool(v)} if closed_set else {"f1": v, "exact_match": v})}
+                    for i, v in enumerate(values)]
+        quality = {"accuracy": mean(values)} if closed_set else {"f1": mean(values), "exact_match": mean(values)}
+        methods[name] = {**quality, "n": len(values), "examples": examples}
+    return {"dataset": "race/race.jsonl" if closed_set else "squad/dev.json", "source": "smollm2",
+            "target": "gemma", "command": "cagkit eval", "methods": methods}
+
+
+def test_report_summary_is_the_papers_table():
+    closed = _run_with_records(True, {"native": [1, 1, 1, 0] * 25, "none": [1, 0, 0, 0] * 25,
+                                      "linear": [1, 1, 0, 0] * 25, "projector": [1, 0, 0, 0] * 25,
+                                      "mot": [1, 1, 1, 0] * 25})
+    free = _run_with_records(False, {"native": [0.5] * 40, "mot": [0.25] * 40})  # no baseline, no none
+    text = "\n".join(summary([free, closed]))
+    assert text.index("Quality: accuracy") < text.index("Quality: F1")  # one table per family, accuracy first
+    rows = [line for line in text.splitlines() if line.startswith("| smollm2")]
+    assert rows[0] == ("| smollm2 → gemma | race.jsonl | 100 | 0.750 | 0.250 | 0.500 | 0.250 | 0.750 | 100% "
+                       "| 1.50x (linear) | +0.250 (+0.170 to +0.340) | +0.500 (+0.410 to +0.600) |")
+    # a method that did not run is a dash, as are the ratios and intervals that need it
+    assert rows[1] == "| smollm2 → gemma | dev.json | 40 | 0.500 | 0.250 | 50% | — | — | — |"
 
 
 def test_report_rejects_incomplete_results(tmp_path):

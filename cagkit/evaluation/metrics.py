@@ -4,6 +4,7 @@ Free-form answers are compared after `normalize_answer` (the official SQuAD rule
 prediction scores the best value over all gold answers, as in SQuAD and QASPER.
 """
 
+import random
 import re
 import statistics
 import string
@@ -80,3 +81,18 @@ def mean(values: Iterable[float]) -> float:
 def median(values: Iterable[float]) -> float:
     """Median; raises ValueError (StatisticsError) when there are no values."""
     return float(statistics.median(values))
+
+
+def paired_bootstrap(differences: list[float], resamples: int = 5000, level: float = 0.95,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of per-question differences between two methods and its percentile bootstrap
+    interval, resampling questions with replacement (seeded, so a report is reproducible)."""
+    if not differences:
+        raise ValueError("paired_bootstrap needs at least one difference")
+    n = len(differences)
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(differences, k=n)) / n for _ in range(resamples))
+    tail = (1 - level) / 2
+    low = means[int(tail * resamples)]
+    high = means[min(resamples - 1, int((1 - tail) * resamples) - 1)]
+    return sum(differences) / n, low, high

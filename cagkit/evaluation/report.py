@@ -26,7 +26,13 @@ Each method (any may be missing) maps to:
     "examples"             [{"id", "prediction", "ttft_ms", "f1", "exact_match"} or
                             {"id", "prediction", "ttft_ms", "correct": bool}]
 
-Any number may be null (shown as a dash). The report ignores "examples".
+Any number may be null (shown as a dash). The per-run tables ignore "examples"; the summary reads them for its
+paired intervals.
+
+The summary is the paper's table: one row per results file, one table per metric family (closed-set accuracy,
+F1), with MoT's recovery against native, its ratio to the strongest single-path baseline (the better of linear
+and projector in that file), and two paired bootstrap intervals over the questions both methods answered: MoT −
+that baseline, and native − none (whether the context is worth anything to the target on that set at all).
 """
 
 import json
@@ -36,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cagkit.errors import CagkitError
+from cagkit.evaluation.metrics import paired_bootstrap
 from cagkit.placement import Placement
 
 if TYPE_CHECKING:
@@ -47,6 +54,7 @@ _BAR_CHART = "quality_by_method.png"
 _SCATTER = "quality_vs_ttft.png"
 _MARKERS = "osD^vPX*"
 _DASH = "—"
+SINGLE_PATH = ("linear", "projector")  # the single-path baselines MoT is compared against
 
 
 def write_report(result_paths: list[Path], out_md: Path, plots_dir: Path, note: str | None = None) -> None:
@@ -71,6 +79,7 @@ def write_report(result_paths: list[Path], out_md: Path, plots_dir: Path, note: 
         f"![Quality against median time to first token]({_relative(plots_dir / _SCATTER, out_md)})",
         "",
     ]
+    lines += summary(runs)
     for run in runs:
         lines += _section(run)
     out_md.write_text("\n".join(lines), encoding="utf-8")
@@ -121,6 +130,55 @@ def _method_order(runs: list[dict]) -> list[str]:
 def _label(run: dict) -> str:
     options = Placement.from_settings(run.get("settings") or {}).describe()
     return f"{run['source']} → {run['target']}, {Path(run['dataset']).name}{options}"
+
+
+def summary(runs: list[dict]) -> list[str]:
+    """Markdown for the summary tables: one per metric family present in `runs` (see the module docstring)."""
+    lines = ["## Summary", ""]
+    for closed_set, family in ((True, "accuracy"), (False, "F1")):
+        group = [run for run in runs if _is_closed_set(run) == closed_set]
+        if not group:
+            continue
+        methods = _method_order(group)
+        header = ["pair", "data", "questions", *methods, "MoT / native", "MoT / best single path",
+                  "MoT − best single path (95% CI)", "native − none (95% CI)"]
+        lines += [f"Quality: {family}. Intervals: paired bootstrap over the questions both methods answered, "
+                  "5,000 resamples.", ""]
+        lines += ["| " + " | ".join(header) + " |", "|---|---" + "|---:" * (len(header) - 2) + "|"]
+        for run in group:
+            scores = run["methods"]
+            quality = {m: _quality(scores[m], closed_set) for m in scores}
+            ns = [scores[m].get("n") for m in scores if scores[m].get("n") is not None]
+            best = max((m for m in SINGLE_PATH if quality.get(m) is not None), key=lambda m: quality[m],
+                       default=None)
+            mot, native, baseline = quality.get("mot"), quality.get("native"), quality.get(best)
+            cells = [
+                f"{run['source']} → {run['target']}",
+                Path(run["dataset"]).name + Placement.from_settings(run.get("settings") or {}).describe(),
+                f"{min(ns)}" if ns else _DASH,
+                *[_fmt(quality.get(m), ".3f") for m in methods],
+                _DASH if mot is None or not native else f"{mot / native:.0%}",
+                _DASH if mot is None or not baseline else f"{mot / baseline:.2f}x ({best})",
+                _interval(run, "mot", best, closed_set),
+                _interval(run, "native", "none", closed_set),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def _interval(run: dict, a: str | None, b: str | None, closed_set: bool) -> str:
+    """`a − b` over the questions both answered, with its 95% paired bootstrap interval; a dash without records."""
+    records = [{r["id"]: r for r in run["methods"].get(m, {}).get("examples") or []} if m else {} for m in (a, b)]
+    shared = [i for i in records[0] if i in records[1]]
+    if not shared:
+        return _DASH
+
+    def score(r: dict) -> float:
+        return float(r["correct"]) if closed_set else float(r["f1"])
+
+    mean, low, high = paired_bootstrap([score(records[0][i]) - score(records[1][i]) for i in shared])
+    return f"{mean:+.3f} ({low:+.3f} to {high:+.3f})"
 
 
 def _section(run: dict) -> list[str]:
