@@ -228,24 +228,34 @@ def _fmt(value, spec: str) -> str:
 
 
 def _bar_chart(runs: list[dict], methods: list[str]) -> "Figure":
-    """Grouped bars: one group per results file, one bar per method (F1 or accuracy)."""
+    """Grouped bars, one panel per metric family (accuracy, F1): one group per results file, one bar per method."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(max(6.0, 1.5 + 0.3 * len(runs) * len(methods)), 4.5))
-    axes = figure.add_subplot()
+    families = [(family, group) for family, group in (
+        ("accuracy", [run for run in runs if _is_closed_set(run)]),
+        ("F1", [run for run in runs if not _is_closed_set(run)])) if group]
+    widest = max(len(group) for _, group in families)
+    figure = Figure(figsize=(max(6.0, 1.5 + max(0.3 * len(methods), 1.9) * widest), 3.8 * len(families)))
     width = 0.8 / len(methods)
-    for i, method in enumerate(methods):
-        xs, heights = [], []
-        for group, run in enumerate(runs):
-            value = _quality(run["methods"].get(method, {}), _is_closed_set(run))
-            if value is not None:
-                xs.append(group - 0.4 + width * (i + 0.5))
-                heights.append(value)
-        axes.bar(xs, heights, width, label=method, color=f"C{i}")
-    axes.set_xticks(range(len(runs)), [_label(run).replace(", ", "\n") for run in runs], fontsize=8)
-    axes.set_ylabel("quality (F1, or accuracy if closed-set)")
-    axes.set_ylim(0, 1)
-    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    for row, (family, group) in enumerate(families):
+        axes = figure.add_subplot(len(families), 1, row + 1)
+        top = 0.0
+        for i, method in enumerate(methods):
+            xs, heights = [], []
+            for g, run in enumerate(group):
+                value = _quality(run["methods"].get(method, {}), family == "accuracy")
+                if value is not None:
+                    xs.append(g - 0.4 + width * (i + 0.5))
+                    heights.append(value)
+            axes.bar(xs, heights, width, label=method, color=f"C{i}")
+            top = max([top, *heights])
+        axes.set_xticks(range(len(group)), [_label(run).replace(", ", "\n") for run in group], fontsize=8)
+        axes.set_xlim(-0.5, widest - 0.5)
+        axes.set_ylabel(family)
+        axes.set_ylim(0, min(1.0, top * 1.15) or 1.0)
+        if row == 0:
+            axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    figure.tight_layout()
     return figure
 
 
