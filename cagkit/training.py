@@ -80,6 +80,11 @@ class TrainSettings:
     attention_weight: float = 0.0
     balance_weight: float = 0.01
     top_logits: int = 64
+    # The CCL's logits KL. False: over the native top `top_logits` tokens, renormalised (mass the translated
+    # context puts elsewhere is not seen). True: over the whole vocabulary, coarsened to those tokens plus one
+    # bin for all the others, which is exact for that partition and needs the native log-partition per
+    # position (stored with the data) and the target's full LM head on every replayed token.
+    full_vocab_kl: bool = False
     ridge: float = 10.0
     checkpoint_every: int = 25
     heldout_examples: int = 20
@@ -152,7 +157,8 @@ def make_example(source: LoadedModel, target: LoadedModel, window: str, settings
     hidden = torch.stack(out.hidden_states[1:])[:, 0, s + P:]  # [Lt, C, E]
     logits = _logits(target, out.last_hidden_state[0, s + P:])  # [C, V]
     top = logits.topk(settings.top_logits, dim=-1)
-    return {
+    lse = {"logsumexp": logits.float().logsumexp(-1)} if settings.full_vocab_kl else {}  # [C]
+    return {**lse,
         "source": features.half(),  # [P, Ls, 2Fs]
         "target_kv": torch.stack(kv, dim=1).half(),  # [P, Lt, 2Ft]
         "ids": torch.tensor(ids[:P]),
@@ -336,7 +342,9 @@ def full_target_kv(net: TranslatorNet, target: LoadedModel, pred: torch.Tensor, 
 
 def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
                        tables: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
-    """(KL, hidden) of the frozen target replaying the continuation over `sink + translated prefix` vs native."""
+    """(KL, hidden) of the frozen target replaying the continuation over `sink + translated prefix` vs native.
+    The KL is over the whole vocabulary (`top_bins_kl`) when the batch carries the native log-partition, else
+    over the native top logits, renormalised."""
     sink = sink_ids(target)
     b = kv.shape[0]
     cache = DynamicCache(config=target.model.config)
@@ -353,6 +361,10 @@ def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: 
     scale = native.pow(2).mean(dim=(0, 2), keepdim=True)  # [1, Lt, 1, E]
     scale = scale + 1e-3 * scale.mean(dim=-1, keepdim=True)
     hidden_loss = ((hidden - native).pow(2) / scale).mean()
+    if "logsumexp" in batch:
+        kl = top_bins_kl(batch["top_logits"].float(), batch["logsumexp"].float(), batch["top_ids"],
+                         _logits(target, out.last_hidden_state))
+        return kl, hidden_loss
     rows = target.model.get_output_embeddings().weight[batch["top_ids"]]  # [B, C, K, E]
     logits = torch.einsum("bce,bcke->bck", out.last_hidden_state, rows)
     cap = getattr(target.config, "final_logit_softcapping", None)
@@ -361,6 +373,20 @@ def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: 
     native_logp = torch.log_softmax(batch["top_logits"].float(), dim=-1)
     kl = (native_logp.exp() * (native_logp - torch.log_softmax(logits, dim=-1))).sum(-1).mean()
     return kl, hidden_loss
+
+
+def top_bins_kl(native_top: torch.Tensor, native_lse: torch.Tensor, top_ids: torch.Tensor,
+                logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(native || translated) over K + 1 bins: the native top-K tokens and one bin for
+    the rest of the vocabulary. `native_top` [..., K] are the native logits of `top_ids`, `native_lse` [...]
+    their full log-partition, `logits` [..., V] the translated full logits."""
+    native_logp = native_top - native_lse.unsqueeze(-1)  # [..., K], exact log-probabilities
+    native_rest = torch.log1p(-native_logp.exp().sum(-1).clamp(max=1 - 1e-6))  # log of the mass outside top-K
+    lse = logits.logsumexp(-1, keepdim=True)
+    logp = logits.gather(-1, top_ids) - lse
+    rest = logits.scatter(-1, top_ids, float("-inf")).logsumexp(-1) - lse.squeeze(-1)
+    kl = (native_logp.exp() * (native_logp - logp)).sum(-1) + native_rest.exp() * (native_rest - rest)
+    return kl.mean()
 
 
 def attention_loss(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
@@ -445,8 +471,9 @@ def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     """A short hash of what a training state depends on, so a resume never loads an incompatible state."""
     ignored = ("steps", "threads", "checkpoint_every", "heldout_examples")
     shaping = {k: v for k, v in asdict(settings).items() if k not in ignored}
-    if not settings.attention_weight:  # added later: states of runs without it keep their key
-        shaping.pop("attention_weight")
+    for added_later in ("attention_weight", "full_vocab_kl"):  # states of runs without them keep their key
+        if not shaping[added_later]:
+            shaping.pop(added_later)
     return hashlib.sha256(json.dumps([asdict(cfg), shaping], sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -630,7 +657,8 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     cfg = TranslatorConfig.for_models(kind, src, tgt, **settings.sizes)
     recall = f"-r{settings.recall_fraction:g}" if settings.recall_fraction else ""
     data_dir = work_dir / (f"data-{cfg.align_mode}-p{settings.prefix_tokens}c{settings.continuation_tokens}"
-                           f"k{settings.top_logits}{recall}-seed{settings.seed}")
+                           f"k{settings.top_logits}{'-lse' if settings.full_vocab_kl else ''}{recall}"
+                           f"-seed{settings.seed}")
     data = generate_data(src, tgt, corpus, settings, cfg.align_mode, data_dir, log)
     data_s = time.time() - started
     net = TranslatorNet(cfg)

@@ -22,6 +22,7 @@ from cagkit.training import (
     TrainSettings,
     attention_loss,
     batch_losses,
+    context_correction,
     evaluate_translator,
     fit_ridge,
     fit_statistics,
@@ -29,6 +30,7 @@ from cagkit.training import (
     prefix_attention,
     recall_continuation,
     sink_ids,
+    top_bins_kl,
     train_translator,
 )
 from cagkit.translators import (
@@ -298,6 +300,55 @@ def test_recall_examples_replay_a_span_of_their_own_prefix(pair, corpus, tmp_pat
     for ids, continuation in zip(data["ids"].tolist(), data["continuation"].tolist()):
         assert any(ids[i: i + len(continuation)] == continuation for i in range(len(ids) - len(continuation) + 1))
     assert not torch.equal(data["continuation"], plain["continuation"])
+
+
+def test_top_bins_kl_is_the_kl_of_the_coarsened_distributions():
+    torch.manual_seed(0)
+    native, translated = torch.randn(2, 3, 50) * 3, torch.randn(2, 3, 50) * 3
+    top = native.topk(8, dim=-1)
+    got = top_bins_kl(top.values, native.logsumexp(-1), top.indices, translated)
+
+    def bins(logits):  # [..., 9]: the 8 native top tokens, then everything else
+        p = logits.softmax(-1)
+        inside = p.gather(-1, top.indices)
+        return torch.cat([inside, 1 - inside.sum(-1, keepdim=True)], dim=-1)
+
+    p, q = bins(native), bins(translated)
+    assert got.item() == pytest.approx((p * (p / q).log()).sum(-1).mean().item(), rel=1e-4)
+    assert top_bins_kl(top.values, native.logsumexp(-1), top.indices, native).item() == pytest.approx(0, abs=1e-5)
+    # mass moved off the native top tokens: the renormalised top-K KL cannot see it, this one does
+    elsewhere = native.scatter(-1, top.indices, float("-inf")).clamp(min=-1e4) + 5
+    shifted = torch.where(torch.isinf(native.scatter(-1, top.indices, float("-inf"))), native, elsewhere)
+    renormalised = (shifted.gather(-1, top.indices).log_softmax(-1) - top.values.log_softmax(-1)).abs().max()
+    assert renormalised.item() < 1e-5
+    assert top_bins_kl(top.values, native.logsumexp(-1), top.indices, shifted).item() > 0.1
+
+
+@pytest.mark.parametrize("full_vocab", [False, True])
+def test_context_correction_is_zero_on_the_native_cache(pair, corpus, tmp_path, full_vocab):
+    """Replaying over the target's own stored KV gives the stored native trajectory: both KLs (top-K renormalised
+    and whole-vocabulary) and the hidden-state loss vanish, so the stored log-partition matches the replay."""
+    source, target = pair
+    settings = tiny_settings(full_vocab_kl=full_vocab)
+    cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
+    data = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "data", log=lambda m: None).all()
+    assert ("logsumexp" in data) is full_vocab
+    with torch.no_grad():
+        kl, hidden = context_correction(target, data["target_kv"].float(), data, cfg, RotaryTables(target.model))
+        wrong = context_correction(target, data["target_kv"].float().flip(0), data, cfg, RotaryTables(target.model))
+    assert kl.item() == pytest.approx(0, abs=1e-6) and hidden.item() == pytest.approx(0, abs=1e-4)
+    # another example's cache is far from it (the tiny random target spreads its mass almost evenly over the
+    # 262k-token vocabulary, so every KL here is small)
+    assert wrong[0] > 100 * kl and wrong[1] > 100 * hidden
+
+
+def test_training_with_the_whole_vocabulary_kl(pair, corpus, tmp_path):
+    logs = []
+    path = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=4, full_vocab_kl=True),
+                            out=tmp_path / "t.safetensors", work_dir=tmp_path, log=logs.append)
+    assert read_translator(path).card["settings"]["full_vocab_kl"] is True
+    assert [d.name for d in tmp_path.glob("data-*")] == ["data-cover-p24c8k16-lse-r0.5-seed0"]  # its own data
+    assert any(line.startswith("step 4/4") for line in logs)
 
 
 def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
