@@ -12,7 +12,8 @@ resumes shard by shard, and training reads them from disk on demand (`TrainingDa
 
 Objective. KV reconstruction (MSE of normalised K and V per translated layer) + Context Correction Loss: the
 frozen target replays the continuation over `sink + translated prefix` and is pulled towards its native replay
-(KL over the native top logits, renormalised, plus relative MSE of every layer's hidden states), with gradients
+(KL over the native top logits, renormalised, or with `full_vocab_kl` over the whole vocabulary as those tokens
+plus one bin for the rest; plus relative MSE of every layer's hidden states), with gradients
 only into the translator + a load-balancing term that keeps every expert in use.
 
 Held-out files: any `.txt` under a folder named `testing`, and files named `test.txt`, are never trained on;
