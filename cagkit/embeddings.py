@@ -12,6 +12,7 @@ from cagkit.documents import sentence_spans
 from cagkit.errors import ModelError
 
 EMBEDDER_NAME = "all-MiniLM-L6-v2"
+EMBED_BATCH = 4  # texts per embedder batch (see `embed`)
 
 
 def _model_dir() -> Path:
@@ -35,7 +36,10 @@ def embed(texts: list[str]) -> np.ndarray:
     """Unit-normalised embeddings, [N, 384] float32, so a dot product is the cosine similarity."""
     if not texts:
         return np.zeros((0, 384), dtype=np.float32)
-    vectors = _embedder().encode(texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    # sentence-transformers sorts the texts by length and pads each batch to its longest text. A chunk's texts
+    # are one ~256-token chunk plus its sentences of 7-40 tokens, so batches of 32 were mostly padding: on the
+    # example documents, batches of 4 embed the same vectors (to 1e-7) in a quarter of the time.
+    vectors = _embedder().encode(texts, batch_size=EMBED_BATCH, normalize_embeddings=True, show_progress_bar=False)
     return np.asarray(vectors, dtype=np.float32)
 
 

@@ -205,6 +205,19 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_store(tiny_llama, 
         assert again.documents() == []
 
 
+def test_a_texts_embedding_does_not_depend_on_its_batch():
+    """Texts are embedded in small length-sorted batches, padded to their longest text: padding must not leak."""
+    from cagkit.embeddings import EMBED_BATCH, embed
+
+    texts = ["Owls hunt at night.", "The bakery on Mill Street " * 30, "Bread.", "A lighthouse keeper counted ships "
+             "before the storm.", "Vienna", "Its oven was brought from Vienna in 1923 by the founder's grandson."]
+    assert len(texts) > EMBED_BATCH  # more than one batch
+    together = embed(texts)
+    alone = np.concatenate([embed([t]) for t in texts])
+    assert np.abs(together - alone).max() < 1e-5
+    assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+
+
 def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_work(tiny_llama, docs, tmp_path,
                                                                                   monkeypatch):
     from safetensors.torch import load_file, save_file
