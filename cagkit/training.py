@@ -158,8 +158,7 @@ def make_example(source: LoadedModel, target: LoadedModel, window: str, settings
     hidden = torch.stack(out.hidden_states[1:])[:, 0, s + P:]  # [Lt, C, E]
     logits = _logits(target, out.last_hidden_state[0, s + P:])  # [C, V]
     top = logits.topk(settings.top_logits, dim=-1)
-    lse = {"logsumexp": logits.float().logsumexp(-1)} if settings.full_vocab_kl else {}  # [C]
-    return {**lse,
+    example = {
         "source": features.half(),  # [P, Ls, 2Fs]
         "target_kv": torch.stack(kv, dim=1).half(),  # [P, Lt, 2Ft]
         "ids": torch.tensor(ids[:P]),
@@ -168,6 +167,9 @@ def make_example(source: LoadedModel, target: LoadedModel, window: str, settings
         "top_ids": top.indices,
         "top_logits": top.values,
     }
+    if settings.full_vocab_kl:
+        example["logsumexp"] = logits.float().logsumexp(-1)  # [C], the native log-partition
+    return example
 
 
 def recall_continuation(prefix_ids: list[int], length: int, start: int) -> list[int]:
