@@ -443,14 +443,21 @@ def test_report_summary_is_the_papers_table():
     closed = _run_with_records(True, {"native": [1, 1, 1, 0] * 25, "none": [1, 0, 0, 0] * 25,
                                       "linear": [1, 1, 0, 0] * 25, "projector": [1, 0, 0, 0] * 25,
                                       "mot": [1, 1, 1, 0] * 25})
-    free = _run_with_records(False, {"native": [0.5] * 40, "mot": [0.25] * 40})  # no baseline, no none
+    free = _run_with_records(False, {"native": [0.5] * 40, "mot": [0.25] * 40, "linear": [0.3] * 5})
     text = "\n".join(summary([free, closed]))
     assert text.index("Quality: accuracy") < text.index("Quality: F1")  # one table per family, accuracy first
     rows = [line for line in text.splitlines() if line.startswith("| smollm2")]
     assert rows[0] == ("| smollm2 → gemma | race.jsonl | 100 | 0.750 | 0.250 | 0.500 | 0.250 | 0.750 | 100% "
                        "| 1.50x (linear) | +0.250 (+0.170 to +0.340) | +0.500 (+0.410 to +0.600) |")
-    # a method that did not run is a dash, as are the ratios and intervals that need it
-    assert rows[1] == "| smollm2 → gemma | dev.json | 40 | 0.500 | 0.250 | 50% | — | — | — |"
+    # linear stopped after 5 of 40 questions and there is no none: ratios and intervals that need them are dashes
+    assert rows[1] == "| smollm2 → gemma | dev.json | 40 | 0.500 | 0.300 (5 q) | 0.250 | 50% | — | — | — |"
+    # a method stopped short is shown with its count and left out of the ratios: linear is the best single path
+    short = _run_with_records(True, {"native": [1, 1, 1, 0] * 25, "none": [1, 0, 0, 0] * 25,
+                                     "linear": [1, 1, 0, 0] * 25, "projector": [1, 1, 1, 1] * 3,
+                                     "mot": [1, 1, 1, 0] * 25})
+    row = [line for line in summary([short]) if line.startswith("| smollm2")][0]
+    assert row.startswith("| smollm2 → gemma | race.jsonl | 100 | 0.750 | 0.250 | 0.500 | 1.000 (12 q) | 0.750 "
+                          "| 100% | 1.50x (linear) | +0.250 ")
 
 
 def test_report_rejects_incomplete_results(tmp_path):

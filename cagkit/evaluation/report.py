@@ -143,24 +143,28 @@ def summary(runs: list[dict]) -> list[str]:
         header = ["pair", "data", "questions", *methods, "MoT / native", "MoT / best single path",
                   "MoT − best single path (95% CI)", "native − none (95% CI)"]
         lines += [f"Quality: {family}. Intervals: paired bootstrap over the questions both methods answered, "
-                  "5,000 resamples.", ""]
+                  "5,000 resamples. A method with \"(N q)\" has answered only N of the run's questions and is "
+                  "left out of the ratios.", ""]
         lines += ["| " + " | ".join(header) + " |", "|---|---" + "|---:" * (len(header) - 2) + "|"]
         for run in group:
             scores = run["methods"]
-            quality = {m: _quality(scores[m], closed_set) for m in scores}
-            ns = [scores[m].get("n") for m in scores if scores[m].get("n") is not None]
+            n = max((scores[m].get("n") or 0 for m in scores), default=0)
+            # a method stopped short of the run's questions is shown with its count and left out of the ratios
+            short = {m: scores[m].get("n") for m in scores if (scores[m].get("n") or 0) < n}
+            quality = {m: _quality(scores[m], closed_set) for m in scores if m not in short}
             best = max((m for m in SINGLE_PATH if quality.get(m) is not None), key=lambda m: quality[m],
                        default=None)
             mot, native, baseline = quality.get("mot"), quality.get("native"), quality.get(best)
             cells = [
                 f"{run['source']} → {run['target']}",
                 Path(run["dataset"]).name + Placement.from_settings(run.get("settings") or {}).describe(),
-                f"{min(ns)}" if ns else _DASH,
-                *[_fmt(quality.get(m), ".3f") for m in methods],
+                f"{n}" if n else _DASH,
+                *[f"{_fmt(_quality(scores[m], closed_set), '.3f')} ({short[m]} q)" if m in short
+                  else _fmt(quality.get(m), ".3f") for m in methods],
                 _DASH if mot is None or not native else f"{mot / native:.0%}",
                 _DASH if mot is None or not baseline else f"{mot / baseline:.2f}x ({best})",
-                _interval(run, "mot", best, closed_set),
-                _interval(run, "native", "none", closed_set),
+                _interval(run, "mot", best, closed_set) if mot is not None else _DASH,
+                _interval(run, "native", "none", closed_set) if {"native", "none"} <= quality.keys() else _DASH,
             ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
