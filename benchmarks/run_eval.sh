@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 LIMIT="${LIMIT:-200}"
 DATA="${CAGKIT_DATA:-../shared/data}/eval"
 PAIRS="${PAIRS:-smollm2:gemma smollm2:qwen gemma:qwen qwen:gemma gemma:smollm2 qwen:smollm2}"
-METHODS="${METHODS:-native,none,linear,projector,mot}"
+METHODS="${METHODS:-native,none,source,linear,projector,mot}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 for pair in $PAIRS; do
