@@ -117,6 +117,13 @@ def _is_closed_set(run: dict) -> bool:
     return any("accuracy" in scores for scores in run["methods"].values())
 
 
+def _families(runs: list[dict]) -> list[tuple[str, bool, list[dict]]]:
+    """(family name, closed_set, runs) per metric family present in `runs`: accuracy first, then F1."""
+    families = [("accuracy", True), ("F1", False)]
+    groups = [(name, closed, [run for run in runs if _is_closed_set(run) == closed]) for name, closed in families]
+    return [(name, closed, group) for name, closed, group in groups if group]
+
+
 def _quality(scores: dict, closed_set: bool) -> float | None:
     return scores.get("accuracy") if closed_set else scores.get("f1")
 
@@ -135,10 +142,7 @@ def _label(run: dict) -> str:
 def summary(runs: list[dict]) -> list[str]:
     """Markdown for the summary tables: one per metric family present in `runs` (see the module docstring)."""
     lines = ["## Summary", ""]
-    for closed_set, family in ((True, "accuracy"), (False, "F1")):
-        group = [run for run in runs if _is_closed_set(run) == closed_set]
-        if not group:
-            continue
+    for family, closed_set, group in _families(runs):
         methods = _method_order(group)
         header = ["pair", "data", "questions", *methods, "MoT / native", "MoT / best single path",
                   "MoT − best single path (95% CI)", "native − none (95% CI)"]
@@ -235,19 +239,17 @@ def _bar_chart(runs: list[dict], methods: list[str]) -> "Figure":
     """Grouped bars, one panel per metric family (accuracy, F1): one group per results file, one bar per method."""
     from matplotlib.figure import Figure
 
-    families = [(family, group) for family, group in (
-        ("accuracy", [run for run in runs if _is_closed_set(run)]),
-        ("F1", [run for run in runs if not _is_closed_set(run)])) if group]
-    widest = max(len(group) for _, group in families)
+    families = _families(runs)
+    widest = max(len(group) for _, _, group in families)
     figure = Figure(figsize=(max(6.0, 1.5 + max(0.3 * len(methods), 1.9) * widest), 3.8 * len(families)))
     width = 0.8 / len(methods)
-    for row, (family, group) in enumerate(families):
+    for row, (family, closed_set, group) in enumerate(families):
         axes = figure.add_subplot(len(families), 1, row + 1)
         top = 0.0
         for i, method in enumerate(methods):
             xs, heights = [], []
             for g, run in enumerate(group):
-                value = _quality(run["methods"].get(method, {}), family == "accuracy")
+                value = _quality(run["methods"].get(method, {}), closed_set)
                 if value is not None:
                     xs.append(g - 0.4 + width * (i + 0.5))
                     heights.append(value)
