@@ -45,7 +45,8 @@ for pair in smollm2:gemma smollm2:qwen gemma:qwen qwen:gemma gemma:smollm2 qwen:
 done
 cagkit report "${files[@]}" --out BENCHMARKS.md --plots docs/plots --note "$(cat benchmarks/note.md)"
 
-# Other measurements, each documented where its figures are quoted (README, docs/benchmark-history.md):
+# Other measurements, each documented where its figures are quoted (README, docs/measurements.md,
+# docs/benchmark-history.md):
 #   reuse sanity check (source = target):  cagkit eval ... --source smollm2 --target smollm2 --methods source
 #   chunks placed as stored (no repair):   cagkit eval ... --blend 0
 #   how many tokens to repair, and which:  python benchmarks/injection_depth.py --target gemma --blends ...

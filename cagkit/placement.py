@@ -24,8 +24,8 @@ class Placement:
     blend_select: which tokens `blend` recomputes: `question` (whole sentences, most similar to the question
         first) or `deviation` (those whose layer-1 KV differs most from the joint prefill, as CacheBlend).
 
-    The defaults (15% of the tokens, chosen by the question) are what the measurements in the README support
-    for question answering: without them translated chunks carry the gist but not the exact spans.
+    The defaults (15% of the tokens, chosen by the question) are what the measurements in docs/measurements.md
+    support for question answering: without them translated chunks carry the gist but not the exact spans.
     """
 
     recompute_layers: int = 0
