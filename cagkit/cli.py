@@ -82,6 +82,7 @@ def _cmd_translators_train(args) -> int:
 
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
                              attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
+                             sizes={"align_mode": args.align} if args.align else {},
                              **({"lr": args.lr} if args.lr is not None else {}))
     out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
                            out=args.out, kind=args.kind, work_dir=args.work_dir, settings=settings, init=args.init)
@@ -236,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Context Correction Loss's KL over the whole vocabulary (the native top-64 tokens plus "
                         "one bin for the rest) instead of over the native top-64 renormalised; costs the target's "
                         "full LM head on every replayed token")
+    t.add_argument("--align", default=None, choices=["cover", "overlap"],
+                   help="how a target token reads the source tokens: the one covering its last character (cover, "
+                        "the default), or every overlapping one weighted by shared characters (overlap)")
     t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1e-3)")
     t.add_argument("--threads", type=int, default=1, help="CPU threads for training (default: %(default)s)")

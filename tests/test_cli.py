@@ -181,3 +181,19 @@ def test_translators_list_on_the_shipped_folder_has_every_pair(capsys):
     pairs = {(r["source"], r["target"]) for r in json.loads(capsys.readouterr().out) if r["kind"] == "mot"}
     names = ("smollm2", "gemma", "qwen")
     assert pairs == {(s, t) for s in names for t in names if s != t}
+
+
+@pytest.mark.parametrize("flag, sizes", [([], {}), (["--align", "overlap"], {"align_mode": "overlap"})])
+def test_translators_train_passes_the_alignment_mode(monkeypatch, tmp_path, capsys, flag, sizes):
+    import cagkit.training as training
+
+    seen = {}
+
+    def fake_train(**kwargs):
+        seen.update(kwargs)
+        return tmp_path / "t.safetensors"
+
+    monkeypatch.setattr(training, "train_translator", fake_train)
+    assert main(["translators", "train", "--source", "a", "--target", "b", "--corpus", str(tmp_path), *flag]) == 0
+    # no flag leaves the config's default (and the keys of resumable states trained before the flag existed)
+    assert seen["settings"].sizes == sizes

@@ -351,6 +351,14 @@ def test_training_with_the_whole_vocabulary_kl(pair, corpus, tmp_path):
     assert any(line.startswith("step 4/4") for line in logs)
 
 
+def test_overlap_alignment_trains_on_its_own_data_and_is_recorded(pair, corpus, tmp_path):
+    path = train_translator("tiny-src", "tiny-tgt", corpus, kind="linear",
+                            settings=tiny_settings(sizes={**SIZES, "align_mode": "overlap"}),
+                            out=tmp_path / "t.safetensors", work_dir=tmp_path, log=lambda m: None)
+    assert read_translator(path).net.cfg.align_mode == "overlap"
+    assert [d.name for d in tmp_path.glob("data-*")] == ["data-overlap-p24c8k16-r0.5-seed0"]
+
+
 def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
     logs = []
     common = dict(out=tmp_path / "t.safetensors", work_dir=tmp_path, log=logs.append)
