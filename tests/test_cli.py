@@ -184,7 +184,7 @@ def test_translators_list_on_the_shipped_folder_has_every_pair(capsys):
 
 
 @pytest.mark.parametrize("flag, sizes", [([], {}), (["--align", "overlap"], {"align_mode": "overlap"})])
-def test_translators_train_passes_the_alignment_mode(monkeypatch, tmp_path, capsys, flag, sizes):
+def test_translators_train_passes_the_alignment_mode(monkeypatch, tmp_path, flag, sizes):
     import cagkit.training as training
 
     seen = {}
