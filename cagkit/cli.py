@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from cagkit.alignment import MODES as ALIGN_MODES
 from cagkit.errors import CagkitError
 from cagkit.placement import BLEND_SELECT, Placement
 
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Context Correction Loss's KL over the whole vocabulary (the native top-64 tokens plus "
                         "one bin for the rest) instead of over the native top-64 renormalised; costs the target's "
                         "full LM head on every replayed token")
-    t.add_argument("--align", default=None, choices=["cover", "overlap"],
+    t.add_argument("--align", default=None, choices=ALIGN_MODES,
                    help="how a target token reads the source tokens: the one covering its last character (cover, "
                         "the default), or every overlapping one weighted by shared characters (overlap)")
     t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
