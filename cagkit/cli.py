@@ -10,8 +10,10 @@ import warnings
 from pathlib import Path
 
 from cagkit.alignment import MODES as ALIGN_MODES
+from cagkit.ask import MODES as ASK_MODES
 from cagkit.errors import CagkitError
 from cagkit.placement import BLEND_SELECT, Placement
+from cagkit.translators import KINDS as TRANSLATOR_KINDS
 
 DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
 keep the KV cache in a store, and answer with any target model from translated caches."""
@@ -194,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=store_default, help="store directory (default: %(default)s)")
     p.add_argument("--model", default="smollm2", help="target model (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
-    p.add_argument("--mode", default="mot", choices=["mot", "native", "linear", "projector", "oracle"],
+    p.add_argument("--mode", default="mot", choices=ASK_MODES,
                    help="mot: translate the stored KV (default); native: the target prefills the chunk text; "
                         "linear/projector: single-path baseline translators; oracle (diagnostic): the target "
                         "prefills each chunk alone, the cache a perfect translator would give")
@@ -227,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--target", required=True)
     t.add_argument("--corpus", required=True, help="folder of .txt files to train on")
     t.add_argument("--steps", type=int, default=None, help="optimisation steps (default: 600; more continues a finished run)")
-    t.add_argument("--kind", default="mot", choices=["mot", "linear", "projector"])
+    t.add_argument("--kind", default="mot", choices=TRANSLATOR_KINDS)
     t.add_argument("--examples", type=int, default=200, help="training passages of 128+32 target tokens (default: %(default)s)")
     t.add_argument("--recall-fraction", type=float, default=0.5,
                    help="share of examples whose replayed continuation repeats a span of the passage (default: %(default)s)")
