@@ -93,6 +93,18 @@ def _cmd_translators_train(args) -> int:
     return 0
 
 
+def _cmd_translators_score(args) -> int:
+    from cagkit.training import score_translator
+
+    for checkpoint in args.checkpoints:
+        heldout = score_translator(checkpoint, corpus=args.corpus)
+        recall = heldout["recall"]
+        print(f"{checkpoint}: next text {heldout['recovery']['translated']:.2f} / "
+              f"{heldout['kl_recovery']['translated']:.2f}, recall {recall['recovery']['translated']:.2f} / "
+              f"{recall['kl_recovery']['translated']:.2f} (loss / KL recovery); card updated")
+    return 0
+
+
 def _cmd_translators_list(args) -> int:
     from cagkit.translators import HELDOUT_BAR, list_translators, translators_dir
 
@@ -249,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--work-dir", default=None, help="paired-prefill data and resumable state (default: $CAGKIT_HOME/train/SOURCE__TARGET)")
     t.add_argument("--out", default=None, help="checkpoint path (default: translators/SOURCE__TARGET.safetensors)")
     t.set_defaults(func=_cmd_translators_train)
+    t = tsub.add_parser("score", help="score trained checkpoints on held-out text again and update their cards")
+    t.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=".safetensors translator files")
+    t.add_argument("--corpus", default=None, help="the corpus they were trained on (default: the one in the card)")
+    t.set_defaults(func=_cmd_translators_score)
     t = tsub.add_parser("list", help="the translators cagkit uses, with their held-out scores from the cards")
     t.add_argument("--dir", default=None, help="folder of checkpoints (default: the shipped translators/, or "
                                                 "$CAGKIT_TRANSLATORS)")

@@ -31,7 +31,7 @@ import os
 import random
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -52,6 +52,7 @@ from cagkit.translators import (
     source_features,
     token_features,
     translator_path,
+    write_card,
 )
 
 
@@ -720,3 +721,42 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     translator.save(out, card)
     log(f"wrote {out} and {out.with_suffix('.json')}")
     return out
+
+
+def score_translator(checkpoint: Path, corpus: Path | None = None, log=print) -> dict:
+    """Score an existing checkpoint on held-out text again, as training does at its end, and write the scores
+    into its card (the weights are not touched). For cards scored before a score existed (recall, for
+    instance) or before a scoring fix. The settings (passage sizes, seed, number of passages) come from the
+    card, the corpus too unless `corpus` is given. Returns the new held-out scores."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise TranslatorError(f"translator {checkpoint} does not exist; pass a .safetensors checkpoint, "
+                              f"for example translators/smollm2__gemma.safetensors")
+    translator = read_translator(checkpoint)
+    card = translator.card
+    if not card.get("source") or not card.get("target"):
+        raise TranslatorError(f"{card_path(checkpoint)} does not name the models the translator is for; "
+                              f"retrain it with `cagkit translators train`")
+    corpus = corpus if corpus is not None else card.get("corpus")
+    if not corpus or not Path(corpus).is_dir():
+        raise TranslatorError(f"corpus folder '{corpus}' of {checkpoint} does not exist; pass the corpus it was "
+                              f"trained on with --corpus (its held-out files are scored)")
+    known = {f.name for f in fields(TrainSettings)}
+    settings = TrainSettings(**{k: v for k, v in (card.get("settings") or {}).items() if k in known})
+    torch.set_num_threads(settings.threads)
+    started = time.time()
+    src, tgt = load_model(card["source"]["name"], device="cpu"), load_model(card["target"]["name"], device="cpu")
+    for role, model, expected in (("source", src, translator.source_fingerprint),
+                                  ("target", tgt, translator.target_fingerprint)):
+        if model.fingerprint != expected:
+            raise TranslatorError(f"{checkpoint} was trained for another {role} model than the installed "
+                                  f"'{model.name}' (fingerprint {expected}, installed {model.fingerprint}); retrain "
+                                  f"it with `cagkit translators train`")
+    corpus = Path(corpus)
+    log(f"scoring {checkpoint} on the held-out files of {corpus} ...")
+    heldout = evaluate_translator(translator, src, tgt, corpus, settings, native_bottom=(2, tgt.num_layers // 2))
+    card["heldout"] = heldout
+    card["heldout_scored"] = {"by": "cagkit translators score", "corpus": str(corpus),
+                              "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.time() - started, 1)}
+    write_card(checkpoint, card)
+    return heldout

@@ -354,11 +354,18 @@ class Translator:
         tmp = path.with_name(path.name + ".tmp")
         save_file(tensors, str(tmp), metadata=metadata)
         os.replace(tmp, path)
-        card_tmp = card_path(path).with_name(card_path(path).name + ".tmp")
-        card_tmp.write_text(json.dumps(card, indent=2) + "\n")
-        os.replace(card_tmp, card_path(path))
+        write_card(path, card)
         self.card = card
         return path
+
+
+def write_card(checkpoint: Path, card: dict) -> Path:
+    """Write the JSON card of `checkpoint` atomically (the weights are not touched); returns the card's path."""
+    target = card_path(checkpoint)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(card, indent=2) + "\n")
+    os.replace(tmp, target)
+    return target
 
 
 def translators_dir() -> Path:

@@ -7,6 +7,7 @@ two RoPE bases) with the real Gemma tokenizer, so alignment between two differen
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ from cagkit.training import (
     generate_data,
     prefix_attention,
     recall_continuation,
+    score_translator,
     sink_ids,
     top_bins_kl,
     train_translator,
@@ -38,6 +40,7 @@ from cagkit.translators import (
     Translator,
     TranslatorConfig,
     TranslatorNet,
+    card_path,
     embedding_layer_kv,
     load_translator,
     read_translator,
@@ -357,6 +360,31 @@ def test_overlap_alignment_trains_on_its_own_data_and_is_recorded(pair, corpus, 
                             out=tmp_path / "t.safetensors", work_dir=tmp_path, log=lambda m: None)
     assert read_translator(path).net.cfg.align_mode == "overlap"
     assert [d.name for d in tmp_path.glob("data-*")] == ["data-overlap-p24c8k16-r0.5-seed0"]
+
+
+def test_score_rescores_an_old_card_without_touching_the_weights(pair, corpus, tmp_path, capsys):
+    from cagkit.cli import main
+
+    path = train_translator("tiny-src", "tiny-tgt", corpus, kind="linear", settings=tiny_settings(),
+                            out=tmp_path / "t.safetensors", work_dir=tmp_path, log=lambda m: None)
+    weights = path.read_bytes()
+    trained = json.loads(card_path(path).read_text())["heldout"]
+    card = json.loads(card_path(path).read_text())
+    del card["heldout"]["recall"]  # a card scored before recall was
+    card["corpus"] = str(tmp_path / "moved")
+    card_path(path).write_text(json.dumps(card))
+    with pytest.raises(TranslatorError, match="moved.*--corpus"):
+        score_translator(path)
+    assert main(["translators", "score", str(path), "--corpus", str(corpus)]) == 0
+    assert "card updated" in capsys.readouterr().out
+    rescored = json.loads(card_path(path).read_text())
+    assert path.read_bytes() == weights
+    assert rescored["heldout"]["recall"]["nll"] == pytest.approx(trained["recall"]["nll"])
+    assert rescored["heldout"]["nll"] == pytest.approx(trained["nll"])
+    assert rescored["heldout_scored"]["corpus"] == str(corpus)
+    assert rescored["steps"] == card["steps"] and rescored["settings"] == card["settings"]
+    with pytest.raises(TranslatorError, match="nowhere.safetensors does not exist"):
+        score_translator(tmp_path / "nowhere.safetensors")
 
 
 def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
