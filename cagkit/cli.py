@@ -85,6 +85,7 @@ def _cmd_translators_train(args) -> int:
 
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
                              attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
+                             kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
                              sizes={"align_mode": args.align} if args.align else {},
                              **({"lr": args.lr} if args.lr is not None else {}))
     out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
@@ -248,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--attention-weight", type=float, default=0.0,
                    help="weight of the attention loss: the continuation's native queries must attend over the "
                         "translated keys as over the native ones (default: %(default)s, off)")
+    t.add_argument("--kv-weight", type=float, default=1.0,
+                   help="weight of the KV reconstruction loss against the target's native keys and values "
+                        "(default: %(default)s; 0 trains on the Context Correction Loss alone)")
+    t.add_argument("--ccl-weight", type=float, default=1.0,
+                   help="weight of the Context Correction Loss, its logits KL and its hidden-state term alike "
+                        "(default: %(default)s; 0 trains on the KV loss alone and skips the target's replay "
+                        "backward pass)")
     t.add_argument("--full-vocab-kl", action="store_true",
                    help="the Context Correction Loss's KL over the whole vocabulary (the native top-64 tokens plus "
                         "one bin for the rest) instead of over the native top-64 renormalised; costs the target's "

@@ -24,6 +24,7 @@ passage and for a recall continuation (a span of the passage repeated).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import math
@@ -461,7 +462,10 @@ def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings:
     pred, balance = net(batch["source"].float(), token_features(target.model, batch["ids"]))
     kv_loss = (pred - net.normalise_target(batch["target_kv"][:, :, cfg.native_layers:].float())).pow(2).mean()
     full = full_target_kv(net, target, pred, batch["ids"])
-    kl, hidden = context_correction(target, full, batch, cfg, tables)
+    # Without the Context Correction Loss its parts are still measured (the log shows what the KV loss alone
+    # does to them), but no graph is kept for a backward pass through the target.
+    with contextlib.nullcontext() if settings.kl_weight or settings.hidden_weight else torch.no_grad():
+        kl, hidden = context_correction(target, full, batch, cfg, tables)
     loss = (settings.kv_weight * kv_loss + settings.kl_weight * kl + settings.hidden_weight * hidden
             + settings.balance_weight * balance)
     parts = {"kv": kv_loss, "kl": kl, "hidden": hidden, "balance": balance}
@@ -648,6 +652,9 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     settings = settings or TrainSettings()
     if init and kind == "linear":
         raise TranslatorError("--init continues a trained translator; a linear one is solved in closed form")
+    if kind != "linear" and not (settings.kv_weight or settings.kl_weight or settings.hidden_weight):
+        raise TranslatorError("the KV loss and the Context Correction Loss are both weighted 0: nothing to train; "
+                              "give --kv-weight or --ccl-weight a positive value")
     if steps is not None:
         settings.steps = steps
     torch.set_num_threads(settings.threads)

@@ -183,6 +183,18 @@ def test_translators_list_on_the_shipped_folder_has_every_pair(capsys):
     assert pairs == {(s, t) for s in names for t in names if s != t}
 
 
+@pytest.mark.parametrize("flags, weights", [([], (1.0, 1.0, 1.0)), (["--ccl-weight", "0"], (1.0, 0.0, 0.0)),
+                                             (["--kv-weight", "0", "--ccl-weight", "2"], (0.0, 2.0, 2.0))])
+def test_translators_train_passes_the_loss_weights(monkeypatch, tmp_path, flags, weights):
+    import cagkit.training as training
+
+    seen = {}
+    monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
+    assert main(["translators", "train", "--source", "a", "--target", "b", "--corpus", str(tmp_path), *flags]) == 0
+    settings = seen["settings"]
+    assert (settings.kv_weight, settings.kl_weight, settings.hidden_weight) == weights
+
+
 @pytest.mark.parametrize("flag, sizes", [([], {}), (["--align", "overlap"], {"align_mode": "overlap"})])
 def test_translators_train_passes_the_alignment_mode(monkeypatch, tmp_path, flag, sizes):
     import cagkit.training as training

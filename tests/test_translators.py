@@ -345,6 +345,36 @@ def test_context_correction_is_zero_on_the_native_cache(pair, corpus, tmp_path, 
     assert wrong[0] > 100 * kl and wrong[1] > 100 * hidden
 
 
+def test_without_the_context_correction_loss_the_target_replay_keeps_no_graph(pair, corpus, tmp_path):
+    """--ccl-weight 0 (the KV-loss-only ablation): the CCL's parts are still measured, but no backward pass goes
+    through the target's replay, so its gradients reach the translator from the KV loss alone."""
+    source, target = pair
+    cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
+    data = generate_data(source, target, corpus, tiny_settings(), cfg.align_mode, tmp_path / "data",
+                         log=lambda m: None).all()
+    net, tables = TranslatorNet(cfg), RotaryTables(target.model)
+    fit_statistics(net, data)
+    with_ccl = batch_losses(net, target, data, tiny_settings(), tables)
+    kv_only = batch_losses(net, target, data, tiny_settings(kl_weight=0.0, hidden_weight=0.0), tables)
+    assert with_ccl["kl"].requires_grad and with_ccl["hidden"].requires_grad
+    assert not kv_only["kl"].requires_grad and not kv_only["hidden"].requires_grad
+    assert kv_only["kl"].item() == pytest.approx(with_ccl["kl"].item(), rel=1e-5)  # measured all the same
+    # the KV-only loss is the KV loss plus the load balance, nothing from the replay
+    assert kv_only["loss"].item() == pytest.approx((kv_only["kv"] + 0.01 * kv_only["balance"]).item(), rel=1e-5)
+    kv_only["loss"].backward()
+    assert all(p.grad is None for p in target.model.parameters())
+
+
+def test_training_on_one_loss_alone_and_on_none(pair, corpus, tmp_path):
+    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
+                            settings=tiny_settings(steps=3, kl_weight=0.0, hidden_weight=0.0), log=lambda m: None)
+    settings = read_translator(path).card["settings"]
+    assert (settings["kv_weight"], settings["kl_weight"], settings["hidden_weight"]) == (1.0, 0.0, 0.0)
+    with pytest.raises(TranslatorError, match="--kv-weight or --ccl-weight"):
+        train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "u.safetensors", work_dir=tmp_path,
+                         settings=tiny_settings(kv_weight=0.0, kl_weight=0.0, hidden_weight=0.0), log=lambda m: None)
+
+
 def test_training_with_the_whole_vocabulary_kl(pair, corpus, tmp_path):
     logs = []
     path = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=4, full_vocab_kl=True),
