@@ -86,7 +86,8 @@ def _cmd_translators_train(args) -> int:
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
                              attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
                              kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
-                             sizes={"align_mode": args.align} if args.align else {},
+                             sizes={**({"align_mode": args.align} if args.align else {}),
+                                    **({"token_window": args.token_window} if args.token_window != 1 else {})},
                              **({"lr": args.lr} if args.lr is not None else {}))
     out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
                            out=args.out, kind=args.kind, work_dir=args.work_dir, settings=settings, init=args.init)
@@ -263,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--align", default=None, choices=ALIGN_MODES,
                    help="how a target token reads the source tokens: the one covering its last character (cover, "
                         "the default), or every overlapping one weighted by shared characters (overlap)")
+    t.add_argument("--token-window", type=int, default=1,
+                   help="target positions whose source features each token reads: itself and the N-1 before it "
+                        "in its chunk (default: %(default)s, the token alone)")
     t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1e-3)")
     t.add_argument("--threads", type=int, default=1, help="CPU threads for training (default: %(default)s)")

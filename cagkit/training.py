@@ -482,7 +482,10 @@ def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     for added_later in ("attention_weight", "full_vocab_kl"):  # states of runs without them keep their key
         if not shaping[added_later]:
             shaping.pop(added_later)
-    return hashlib.sha256(json.dumps([asdict(cfg), shaping], sort_keys=True).encode()).hexdigest()[:10]
+    config = asdict(cfg)
+    if config["token_window"] == 1:  # likewise for the token window, added after them
+        config.pop("token_window")
+    return hashlib.sha256(json.dumps([config, shaping], sort_keys=True).encode()).hexdigest()[:10]
 
 
 def _save_atomic(obj, path: Path) -> None:

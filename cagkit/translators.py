@@ -62,6 +62,9 @@ class TranslatorConfig:
     token_dim: int = 128  # projected token-identity features
     skip_rank: int = 256  # rank of the linear skip from the source window (mot, projector)
     align_mode: str = "cover"
+    # Target positions whose aligned source features each token reads: itself and the `token_window - 1`
+    # before it in the same chunk (1: the token alone, as every shipped checkpoint was trained).
+    token_window: int = 1
 
     @property
     def target_kv_dim(self) -> int:
@@ -82,6 +85,8 @@ class TranslatorConfig:
         """A config for a source and target model (anything with `.config`, e.g. `LoadedModel`)."""
         if kind not in KINDS:
             raise TranslatorError(f"unknown translator kind '{kind}'; use one of {', '.join(KINDS)}")
+        if int(sizes.get("token_window", cls.token_window)) < 1:
+            raise TranslatorError(f"token window {sizes['token_window']} must be 1 (the token alone) or more")
         s_cfg, t_cfg = _text_config(source), _text_config(target)
         sizes["window"] = min(sizes.get("window", cls.window), s_cfg.num_hidden_layers)
         source_dim = sizes["window"] * 2 * s_cfg.num_key_value_heads * _head_dim(s_cfg)
@@ -189,28 +194,49 @@ class TranslatorNet(nn.Module):
         self.register_buffer("windows", torch.tensor([cfg.source_window(t) for t in layers], dtype=torch.long))
         uses_tokens = cfg.kind != "linear"
         self.token_proj = nn.Linear(2 * cfg.target_embed_dim, cfg.token_dim) if uses_tokens else None
-        source_dim = cfg.window * 2 * cfg.source_kv_dim
+        source_dim = cfg.token_window * cfg.window * 2 * cfg.source_kv_dim
         in_dim = source_dim + (cfg.token_dim if uses_tokens else 0)
         self.layers = nn.ModuleList(LayerTranslator(cfg, source_dim, in_dim) for _ in layers)
 
-    def source_inputs(self, source: torch.Tensor) -> list[torch.Tensor]:
-        """Per translated layer, its normalised source-window features [N, window * 2Fs] (N = B * T)."""
+    def source_inputs(self, source: torch.Tensor, starts: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Per translated layer, its normalised source-window features [N, token_window * window * 2Fs] (N = B * T).
+
+        source: [B, T, Ls, 2Fs]. With a token window above 1 each token also reads the features of the tokens
+        before it, never across a chunk start: `starts` [B, T] marks the first token of each chunk (default: each
+        row is one chunk); before a start the features are 0, the training mean.
+        """
         z = (source - self.source_mean) / self.source_std  # [B, T, Ls, 2Fs]
-        z = z.reshape(-1, *z.shape[2:])  # [N, Ls, 2Fs]
+        if self.cfg.token_window > 1:
+            if starts is None:
+                starts = torch.zeros(z.shape[:2], dtype=torch.bool, device=z.device)
+                starts[:, 0] = True
+            chunk = starts.long().cumsum(dim=1)  # [B, T]: which chunk each token is in
+            shifted = [z]
+            for lag in range(1, self.cfg.token_window):
+                prev = torch.zeros_like(z)
+                if lag < z.shape[1]:
+                    same = (chunk[:, lag:] == chunk[:, :-lag]).to(z.dtype)  # [B, T - lag]
+                    prev[:, lag:] = z[:, :-lag] * same[..., None, None]
+                shifted.append(prev)
+            z = torch.stack(shifted, dim=-2)  # [B, T, Ls, W, 2Fs]
+            z = z.flatten(-2)  # [B, T, Ls, W * 2Fs]
+        z = z.reshape(-1, *z.shape[2:])  # [N, Ls, F]
         return [z[:, window].reshape(z.shape[0], -1) for window in self.windows]
 
-    def layer_inputs(self, source: torch.Tensor, tokens: torch.Tensor | None) -> list[torch.Tensor]:
+    def layer_inputs(self, source: torch.Tensor, tokens: torch.Tensor | None,
+                     starts: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Per translated layer, its input features [N, F_in]: the source window, then token identity."""
-        inputs = self.source_inputs(source)
+        inputs = self.source_inputs(source, starts)
         if self.token_proj is None:
             return inputs
         tok = self.token_proj(tokens.reshape(inputs[0].shape[0], -1))  # [N, token_dim]
         return [torch.cat([x, tok], dim=-1) for x in inputs]
 
-    def forward(self, source: torch.Tensor, tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, source: torch.Tensor, tokens: torch.Tensor | None,
+                starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, steps = source.shape[:2]
         outs, balance = [], source.new_zeros(())
-        for layer, x in zip(self.layers, self.layer_inputs(source, tokens)):
+        for layer, x in zip(self.layers, self.layer_inputs(source, tokens, starts)):
             y, b = layer(x)
             outs.append(y)
             balance = balance + b / len(self.layers)
@@ -291,7 +317,7 @@ class Translator:
     @torch.no_grad()
     def translate_many(self, chunks: list[tuple], target) -> list[tuple[ChunkKV, list[int]]]:
         """`translate` for several chunks, each `(source_kv, source_token_ids, source_offsets, text)`, in one pass
-        of the network. The translator reads every token on its own (its window is over layers, not tokens), so
+        of the network. A token reads only its own chunk (with a token window, the tokens before it in that chunk), so
         this gives what one call per chunk gives, with a fraction of the kernel launches: on a GPU those, not the
         arithmetic, are most of the time."""
         if target.fingerprint != self.target_fingerprint:
@@ -324,7 +350,10 @@ class Translator:
         keys = torch.zeros(cfg.target_layers, sum(lengths), cfg.target_heads, cfg.target_head_dim, device=device)
         values = torch.zeros_like(keys)
         if sources:
-            pred, _ = self.net(torch.cat(sources)[None], torch.cat(tokens)[None])
+            starts = torch.zeros(1, sum(lengths), dtype=torch.bool, device=device)  # each chunk's first token
+            offsets = [sum(lengths[:i]) for i, length in enumerate(lengths) if length]
+            starts[0, offsets] = True
+            pred, _ = self.net(torch.cat(sources)[None], torch.cat(tokens)[None], starts)
             kv = self.net.denormalise(pred)[0].transpose(0, 1)  # [T, Lx, 2Ft] -> [Lx, T, 2Ft]
             shape = (len(cfg.translated_layers), sum(lengths), cfg.target_heads, cfg.target_head_dim)
             keys[cfg.native_layers:] = kv[..., : cfg.target_kv_dim].reshape(shape)

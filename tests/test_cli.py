@@ -195,8 +195,10 @@ def test_translators_train_passes_the_loss_weights(monkeypatch, tmp_path, flags,
     assert (settings.kv_weight, settings.kl_weight, settings.hidden_weight) == weights
 
 
-@pytest.mark.parametrize("flag, sizes", [([], {}), (["--align", "overlap"], {"align_mode": "overlap"})])
-def test_translators_train_passes_the_alignment_mode(monkeypatch, tmp_path, flag, sizes):
+@pytest.mark.parametrize("flag, sizes", [([], {}), (["--align", "overlap"], {"align_mode": "overlap"}),
+                                         (["--token-window", "2", "--align", "cover"],
+                                          {"align_mode": "cover", "token_window": 2})])
+def test_translators_train_passes_the_alignment_mode_and_token_window(monkeypatch, tmp_path, flag, sizes):
     import cagkit.training as training
 
     seen = {}

@@ -7,6 +7,7 @@ two RoPE bases) with the real Gemma tokenizer, so alignment between two differen
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -21,6 +22,7 @@ from cagkit.rope import RotaryTables
 from cagkit.training import (
     TrainingData,
     TrainSettings,
+    _config_key,
     attention_loss,
     batch_losses,
     context_correction,
@@ -449,11 +451,11 @@ def test_fine_tuning_starts_from_the_given_checkpoint_with_the_attention_loss(pa
                          init=first, out=tmp_path / "d.safetensors", work_dir=tmp_path, log=logs.append)
 
 
-def _rounded_translator(pair, kind: str) -> Translator:
+def _rounded_translator(pair, kind: str, **sizes) -> Translator:
     """An untrained translator whose weights are fp16-representable, so a file round trip is exact."""
     source, target = pair
     torch.manual_seed(0)
-    net = TranslatorNet(TranslatorConfig.for_models(kind, source, target, **SIZES))
+    net = TranslatorNet(TranslatorConfig.for_models(kind, source, target, **{**SIZES, **sizes}))
     with torch.no_grad():
         for p in net.parameters():
             p.copy_(p.half().float())
@@ -485,9 +487,10 @@ def test_translate_layout_and_file_round_trip(pair, tmp_path, monkeypatch, kind)
     assert cache.get_seq_length() == len(sink_ids(target)) + len(target_ids)
 
 
-def test_translating_chunks_together_equals_one_at_a_time(pair):
+@pytest.mark.parametrize("token_window", [1, 3])
+def test_translating_chunks_together_equals_one_at_a_time(pair, token_window):
     source, target = pair
-    translator = _rounded_translator(pair, "mot")
+    translator = _rounded_translator(pair, "mot", token_window=token_window)
     for expert in (e for layer in translator.net.layers for e in layer.experts):
         torch.nn.init.normal_(expert[-1].weight, std=0.1)  # wake the experts so routing counts
     texts = [TEXT, "Short one.", " ", "Zweite Zeile: Größe 3 µm."]
@@ -500,6 +503,57 @@ def test_translating_chunks_together_equals_one_at_a_time(pair):
         assert ids == alone_ids
         torch.testing.assert_close(kv.keys, alone.keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(kv.values, alone.values, atol=1e-5, rtol=1e-5)
+
+
+def test_a_token_window_reads_the_tokens_before_it_in_its_own_chunk():
+    torch.manual_seed(0)
+    cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=3, target_layers=3, target_heads=1,
+                           target_head_dim=4, target_embed_dim=8, window=2, token_window=3, **SIZES)
+    net = TranslatorNet(cfg)
+    with torch.no_grad():
+        net.source_mean.normal_()
+        net.source_std.uniform_(0.5, 2.0)
+    source = torch.randn(1, 7, 4, 6)  # [B, T, Ls, 2Fs]: two chunks, of 4 and 3 tokens
+    starts = torch.tensor([[True, False, False, False, True, False, False]])
+    z = (source - net.source_mean) / net.source_std  # [1, T, Ls, 2Fs]
+    for layer, x in enumerate(net.source_inputs(source, starts)):
+        window = net.windows[layer]
+        assert x.shape == (7, 2 * 3 * 6)  # per source layer of the window: the token, then one and two back
+        parts = x.reshape(7, 2, 3, 6)
+        for t in range(7):
+            chunk_start = 0 if t < 4 else 4
+            for lag in range(3):
+                expected = z[0, t - lag, window] if t - lag >= chunk_start else torch.zeros(2, 6)
+                torch.testing.assert_close(parts[t, :, lag], expected)
+    alone = TranslatorNet(dataclasses.replace(cfg, token_window=1))
+    alone.load_state_dict({k: v for k, v in net.state_dict().items() if "layers." not in k}, strict=False)
+    assert torch.equal(alone.source_inputs(source)[0], z[0][:, net.windows[0]].reshape(7, -1))
+    with pytest.raises(TranslatorError, match="token window 0"):
+        TranslatorConfig.for_models("mot", _Shape(), _Shape(), token_window=0)
+
+
+class _Shape:
+    """A stand-in for a loaded model: just a config."""
+
+    class config:
+        num_hidden_layers, num_key_value_heads, head_dim, hidden_size, num_attention_heads = 4, 1, 4, 8, 2
+
+
+def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair, corpus, tmp_path):
+    logs = []
+    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
+                            settings=tiny_settings(steps=2, sizes={**SIZES, "token_window": 2}), log=logs.append)
+    assert read_translator(path).net.cfg.token_window == 2
+    assert any(line.startswith("step 2/2") for line in logs)
+    # a resumable state saved before the token window existed keeps its key: the default window is left out
+    cfg, settings = TranslatorConfig.for_models("mot", *pair, **SIZES), tiny_settings()
+    before = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "token_window"}
+    shaping = {k: v for k, v in dataclasses.asdict(settings).items()
+               if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "attention_weight",
+                            "full_vocab_kl")}
+    key = hashlib.sha256(json.dumps([before, shaping], sort_keys=True).encode()).hexdigest()[:10]
+    assert _config_key(cfg, settings) == key
+    assert _config_key(dataclasses.replace(cfg, token_window=2), settings) != key
 
 
 def test_translated_chunk_uses_the_aligned_source_tokens(pair):
