@@ -350,9 +350,10 @@ class Translator:
         keys = torch.zeros(cfg.target_layers, sum(lengths), cfg.target_heads, cfg.target_head_dim, device=device)
         values = torch.zeros_like(keys)
         if sources:
-            starts = torch.zeros(1, sum(lengths), dtype=torch.bool, device=device)  # each chunk's first token
-            offsets = [sum(lengths[:i]) for i, length in enumerate(lengths) if length]
-            starts[0, offsets] = True
+            starts = None  # each chunk's first token, read only by a token window
+            if cfg.token_window > 1:
+                starts = torch.zeros(1, sum(lengths), dtype=torch.bool, device=device)
+                starts[0, [sum(lengths[:i]) for i, length in enumerate(lengths) if length]] = True
             pred, _ = self.net(torch.cat(sources)[None], torch.cat(tokens)[None], starts)
             kv = self.net.denormalise(pred)[0].transpose(0, 1)  # [T, Lx, 2Ft] -> [Lx, T, 2Ft]
             shape = (len(cfg.translated_layers), sum(lengths), cfg.target_heads, cfg.target_head_dim)
