@@ -86,6 +86,7 @@ def _cmd_translators_train(args) -> int:
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
                              attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
                              kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
+                             prefix_tokens=args.prefix_tokens,
                              sizes={**({"align_mode": args.align} if args.align else {}),
                                     **({"token_window": args.token_window} if args.token_window != 1 else {})},
                              **({"lr": args.lr} if args.lr is not None else {}))
@@ -244,7 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--corpus", required=True, help="folder of .txt files to train on")
     t.add_argument("--steps", type=int, default=None, help="optimisation steps (default: 600; more continues a finished run)")
     t.add_argument("--kind", default="mot", choices=TRANSLATOR_KINDS)
-    t.add_argument("--examples", type=int, default=200, help="training passages of 128+32 target tokens (default: %(default)s)")
+    t.add_argument("--examples", type=int, default=200,
+                   help="training passages of PREFIX_TOKENS+32 target tokens (default: %(default)s)")
+    t.add_argument("--prefix-tokens", type=int, default=128,
+                   help="target tokens of each training passage's translated prefix (default: %(default)s; "
+                        "held-out scoring always uses 128, so cards compare)")
     t.add_argument("--recall-fraction", type=float, default=0.5,
                    help="share of examples whose replayed continuation repeats a span of the passage (default: %(default)s)")
     t.add_argument("--attention-weight", type=float, default=0.0,

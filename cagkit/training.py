@@ -62,7 +62,7 @@ class TrainSettings:
     """Everything that shapes a training run; recorded in the card."""
 
     steps: int = 600
-    prefix_tokens: int = 128  # target tokens of the translated prefix
+    prefix_tokens: int = 128  # target tokens of each training example's translated prefix
     continuation_tokens: int = 32  # target tokens replayed for the Context Correction Loss
     # Share of examples whose continuation is a span copied from the prefix instead of the text that follows it:
     # replaying it natively needs recall from the context (as answering a question about it does), not only
@@ -91,6 +91,9 @@ class TrainSettings:
     ridge: float = 10.0
     checkpoint_every: int = 25
     heldout_examples: int = 20
+    # Target tokens of each held-out passage's translated prefix: fixed apart from `prefix_tokens`, so cards of
+    # runs trained on other prefix lengths are scored on the same passages and compare.
+    heldout_prefix_tokens: int = 128
     seed: int = 0
     threads: int = 1
     sizes: dict = field(default_factory=dict)  # TranslatorConfig overrides (width, num_experts, align_mode...)
@@ -477,7 +480,7 @@ def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings:
 
 def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     """A short hash of what a training state depends on, so a resume never loads an incompatible state."""
-    ignored = ("steps", "threads", "checkpoint_every", "heldout_examples")
+    ignored = ("steps", "threads", "checkpoint_every", "heldout_examples", "heldout_prefix_tokens")
     shaping = {k: v for k, v in asdict(settings).items() if k not in ignored}
     for added_later in ("attention_weight", "full_vocab_kl"):  # states of runs without them keep their key
         if not shaping[added_later]:
@@ -568,7 +571,7 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
     cannot). `native_bottom` also scores hybrids whose bottom k layers come from a native prefill (the
     injection-depth trade-off), with timings per chunk. `swap_halves` also scores the translated chunk with
     native keys (`native_keys`) and with native values (`native_values`): which half loses the context."""
-    P, C = settings.prefix_tokens, settings.continuation_tokens
+    P, C = settings.heldout_prefix_tokens, settings.continuation_tokens
     windows = sample_windows(corpus_files(corpus, heldout=True), settings.heldout_examples, settings.seed + 7,
                              target, P + C)
     sink = sink_ids(target)
@@ -658,6 +661,10 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     if kind != "linear" and not (settings.kv_weight or settings.kl_weight or settings.hidden_weight):
         raise TranslatorError("the KV loss and the Context Correction Loss are both weighted 0: nothing to train; "
                               "give --kv-weight or --ccl-weight a positive value")
+    if settings.prefix_tokens < settings.continuation_tokens:
+        raise TranslatorError(f"--prefix-tokens {settings.prefix_tokens} is shorter than the "
+                              f"{settings.continuation_tokens}-token continuation a recall example copies from it; "
+                              f"give at least {settings.continuation_tokens}")
     if steps is not None:
         settings.steps = steps
     torch.set_num_threads(settings.threads)

@@ -193,6 +193,17 @@ def test_translators_train_passes_the_loss_weights(monkeypatch, tmp_path, flags,
     assert main(["translators", "train", "--source", "a", "--target", "b", "--corpus", str(tmp_path), *flags]) == 0
     settings = seen["settings"]
     assert (settings.kv_weight, settings.kl_weight, settings.hidden_weight) == weights
+    assert settings.prefix_tokens == 128
+
+
+def test_translators_train_passes_the_prefix_length(monkeypatch, tmp_path):
+    import cagkit.training as training
+
+    seen = {}
+    monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
+    assert main(["translators", "train", "--source", "a", "--target", "b", "--corpus", str(tmp_path),
+                 "--prefix-tokens", "256"]) == 0
+    assert (seen["settings"].prefix_tokens, seen["settings"].heldout_prefix_tokens) == (256, 128)
 
 
 @pytest.mark.parametrize("flag, sizes", [([], {}), (["--align", "overlap"], {"align_mode": "overlap"}),

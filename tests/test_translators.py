@@ -79,7 +79,8 @@ def corpus(tmp_path_factory):
 
 
 def tiny_settings(**changes) -> TrainSettings:
-    base = TrainSettings(steps=40, prefix_tokens=24, continuation_tokens=8, examples=8, shard_size=4, batch=4,
+    base = TrainSettings(steps=40, prefix_tokens=24, heldout_prefix_tokens=24, continuation_tokens=8, examples=8,
+                         shard_size=4, batch=4,
                          lr=3e-3, warmup=5, top_logits=16, checkpoint_every=20, heldout_examples=2, sizes=SIZES)
     return dataclasses.replace(base, **changes)
 
@@ -377,6 +378,23 @@ def test_training_on_one_loss_alone_and_on_none(pair, corpus, tmp_path):
                          settings=tiny_settings(kv_weight=0.0, kl_weight=0.0, hidden_weight=0.0), log=lambda m: None)
 
 
+def test_training_prefix_length_is_apart_from_the_heldout_one(pair, corpus, tmp_path):
+    """Longer training prefixes change the data and the state, never the held-out passages the card is scored on."""
+    settings = tiny_settings(steps=2, prefix_tokens=32)
+    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
+                            settings=settings, log=lambda m: None)
+    card = read_translator(path).card
+    assert card["settings"]["prefix_tokens"] == 32
+    assert card["training_tokens"] == 32 * settings.examples
+    assert card["heldout"]["prefix_tokens"] == 24
+    cfg = TranslatorConfig.for_models("mot", *pair, **SIZES)
+    assert _config_key(cfg, settings) != _config_key(cfg, tiny_settings(steps=2))
+    assert _config_key(cfg, settings) == _config_key(cfg, dataclasses.replace(settings, heldout_prefix_tokens=64))
+    with pytest.raises(TranslatorError, match="--prefix-tokens 4 is shorter than the 8-token continuation"):
+        train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "u.safetensors", work_dir=tmp_path,
+                         settings=tiny_settings(prefix_tokens=4), log=lambda m: None)
+
+
 def test_training_with_the_whole_vocabulary_kl(pair, corpus, tmp_path):
     logs = []
     path = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=4, full_vocab_kl=True),
@@ -550,7 +568,7 @@ def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair,
     before = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "token_window"}
     shaping = {k: v for k, v in dataclasses.asdict(settings).items()
                if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "attention_weight",
-                            "full_vocab_kl")}
+                            "full_vocab_kl", "heldout_prefix_tokens")}
     key = hashlib.sha256(json.dumps([before, shaping], sort_keys=True).encode()).hexdigest()[:10]
     assert _config_key(cfg, settings) == key
     assert _config_key(dataclasses.replace(cfg, token_window=2), settings) != key
