@@ -86,7 +86,7 @@ def _cmd_translators_train(args) -> int:
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
                              attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
                              kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
-                             prefix_tokens=args.prefix_tokens,
+                             prefix_tokens=args.prefix_tokens, seed=args.seed,
                              sizes={**({"align_mode": args.align} if args.align else {}),
                                     **({"token_window": args.token_window} if args.token_window != 1 else {})},
                              **({"lr": args.lr} if args.lr is not None else {}))
@@ -272,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--token-window", type=int, default=1,
                    help="target positions whose source features each token reads: itself and the N-1 before it "
                         "in its chunk (default: %(default)s, the token alone)")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seeds the training passages, the initialisation and the batch order (default: %(default)s; "
+                        "the held-out passages stay the same, so runs of other seeds compare)")
     t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1e-3)")
     t.add_argument("--threads", type=int, default=1, help="CPU threads for training (default: %(default)s)")

@@ -94,6 +94,7 @@ class TrainSettings:
     # Target tokens of each held-out passage's translated prefix: fixed apart from `prefix_tokens`, so cards of
     # runs trained on other prefix lengths are scored on the same passages and compare.
     heldout_prefix_tokens: int = 128
+    heldout_seed: int = 0  # picks the held-out passages, apart from `seed`, so runs of other seeds compare too
     seed: int = 0
     threads: int = 1
     sizes: dict = field(default_factory=dict)  # TranslatorConfig overrides (width, num_experts, align_mode...)
@@ -480,7 +481,7 @@ def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings:
 
 def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     """A short hash of what a training state depends on, so a resume never loads an incompatible state."""
-    ignored = ("steps", "threads", "checkpoint_every", "heldout_examples", "heldout_prefix_tokens")
+    ignored = ("steps", "threads", "checkpoint_every", "heldout_examples", "heldout_prefix_tokens", "heldout_seed")
     shaping = {k: v for k, v in asdict(settings).items() if k not in ignored}
     for added_later in ("attention_weight", "full_vocab_kl"):  # states of runs without them keep their key
         if not shaping[added_later]:
@@ -572,11 +573,11 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
     injection-depth trade-off), with timings per chunk. `swap_halves` also scores the translated chunk with
     native keys (`native_keys`) and with native values (`native_values`): which half loses the context."""
     P, C = settings.heldout_prefix_tokens, settings.continuation_tokens
-    windows = sample_windows(corpus_files(corpus, heldout=True), settings.heldout_examples, settings.seed + 7,
+    windows = sample_windows(corpus_files(corpus, heldout=True), settings.heldout_examples, settings.heldout_seed + 7,
                              target, P + C)
     sink = sink_ids(target)
     tables = RotaryTables(target.model)
-    rng = random.Random(settings.seed + 11)
+    rng = random.Random(settings.heldout_seed + 11)
     sums: dict[str, dict[str, float]] = {"next": {}, "recall": {}}
     kl_sums: dict[str, dict[str, float]] = {"next": {}, "recall": {}}
     timing = {"translate": 0.0, "target_prefill_decoder": 0.0}

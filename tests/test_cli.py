@@ -196,14 +196,15 @@ def test_translators_train_passes_the_loss_weights(monkeypatch, tmp_path, flags,
     assert settings.prefix_tokens == 128
 
 
-def test_translators_train_passes_the_prefix_length(monkeypatch, tmp_path):
+def test_translators_train_passes_the_prefix_length_and_seed(monkeypatch, tmp_path):
     import cagkit.training as training
 
     seen = {}
     monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
     assert main(["translators", "train", "--source", "a", "--target", "b", "--corpus", str(tmp_path),
-                 "--prefix-tokens", "256"]) == 0
-    assert (seen["settings"].prefix_tokens, seen["settings"].heldout_prefix_tokens) == (256, 128)
+                 "--prefix-tokens", "256", "--seed", "3"]) == 0
+    settings = seen["settings"]
+    assert (settings.prefix_tokens, settings.heldout_prefix_tokens, settings.seed, settings.heldout_seed) == (256, 128, 3, 0)
 
 
 @pytest.mark.parametrize("flag, sizes", [([], {}), (["--align", "overlap"], {"align_mode": "overlap"}),

@@ -378,8 +378,9 @@ def test_training_on_one_loss_alone_and_on_none(pair, corpus, tmp_path):
                          settings=tiny_settings(kv_weight=0.0, kl_weight=0.0, hidden_weight=0.0), log=lambda m: None)
 
 
-def test_training_prefix_length_is_apart_from_the_heldout_one(pair, corpus, tmp_path):
-    """Longer training prefixes change the data and the state, never the held-out passages the card is scored on."""
+def test_training_prefix_length_and_seed_are_apart_from_the_heldout_ones(pair, corpus, tmp_path):
+    """Other training prefixes or seeds change the data and the state, never the held-out passages the card is
+    scored on."""
     settings = tiny_settings(steps=2, prefix_tokens=32)
     path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
                             settings=settings, log=lambda m: None)
@@ -390,6 +391,13 @@ def test_training_prefix_length_is_apart_from_the_heldout_one(pair, corpus, tmp_
     cfg = TranslatorConfig.for_models("mot", *pair, **SIZES)
     assert _config_key(cfg, settings) != _config_key(cfg, tiny_settings(steps=2))
     assert _config_key(cfg, settings) == _config_key(cfg, dataclasses.replace(settings, heldout_prefix_tokens=64))
+    # another seed trains on other passages, from another state, but is scored on the same held-out ones
+    reseeded = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "s.safetensors", work_dir=tmp_path,
+                                settings=dataclasses.replace(settings, seed=1), log=lambda m: None)
+    other = read_translator(reseeded).card
+    assert other["heldout"]["nll"]["none"] == pytest.approx(card["heldout"]["nll"]["none"])
+    assert other["heldout"]["nll"]["translated"] != pytest.approx(card["heldout"]["nll"]["translated"])
+    assert _config_key(cfg, settings) != _config_key(cfg, dataclasses.replace(settings, seed=1))
     with pytest.raises(TranslatorError, match="--prefix-tokens 4 is shorter than the 8-token continuation"):
         train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "u.safetensors", work_dir=tmp_path,
                          settings=tiny_settings(prefix_tokens=4), log=lambda m: None)
@@ -568,7 +576,7 @@ def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair,
     before = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "token_window"}
     shaping = {k: v for k, v in dataclasses.asdict(settings).items()
                if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "attention_weight",
-                            "full_vocab_kl", "heldout_prefix_tokens")}
+                            "full_vocab_kl", "heldout_prefix_tokens", "heldout_seed")}
     key = hashlib.sha256(json.dumps([before, shaping], sort_keys=True).encode()).hexdigest()[:10]
     assert _config_key(cfg, settings) == key
     assert _config_key(dataclasses.replace(cfg, token_window=2), settings) != key
