@@ -12,6 +12,7 @@ from pathlib import Path
 from cagkit.alignment import MODES as ALIGN_MODES
 from cagkit.ask import MODES as ASK_MODES
 from cagkit.errors import CagkitError
+from cagkit.evaluation.datasets import FORMATS
 from cagkit.placement import BLEND_SELECT, Placement
 from cagkit.translators import KINDS as TRANSLATOR_KINDS
 
@@ -86,7 +87,9 @@ def _cmd_translators_train(args) -> int:
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
                              attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
                              kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
-                             prefix_tokens=args.prefix_tokens, seed=args.seed,
+                             prefix_tokens=args.prefix_tokens, seed=args.seed, qa_data=args.qa,
+                             qa_format=args.qa_format, qa_skip=args.qa_skip,
+                             qa_fraction=args.qa_fraction if args.qa_fraction is not None else 0.5 if args.qa else 0.0,
                              sizes={**({"align_mode": args.align} if args.align else {}),
                                     **({"token_window": args.token_window} if args.token_window != 1 else {})},
                              **({"lr": args.lr} if args.lr is not None else {}))
@@ -275,6 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0,
                    help="seeds the training passages, the initialisation and the batch order (default: %(default)s; "
                         "the held-out passages stay the same, so runs of other seeds compare)")
+    t.add_argument("--qa", default=None, metavar="FILE",
+                   help="a question-answering file (any format `cagkit eval` reads): some examples' continuations "
+                        "then ask one of its questions and give its answer after a passage that holds it")
+    t.add_argument("--qa-format", default=None, choices=FORMATS, help="the --qa file's format (default: detected)")
+    t.add_argument("--qa-fraction", type=float, default=None,
+                   help="share of examples with a question-answer continuation (default: 0.5 with --qa, else 0)")
+    t.add_argument("--qa-skip", type=int, default=0, metavar="N",
+                   help="leave out the --qa file's first N questions and every question on their documents, "
+                        "e.g. the N that `cagkit eval --limit N` scores (default: %(default)s)")
     t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1e-3)")
     t.add_argument("--threads", type=int, default=1, help="CPU threads for training (default: %(default)s)")

@@ -95,6 +95,16 @@ class TrainSettings:
     # runs trained on other prefix lengths are scored on the same passages and compare.
     heldout_prefix_tokens: int = 128
     heldout_seed: int = 0  # picks the held-out passages, apart from `seed`, so runs of other seeds compare too
+    # Question-answer continuations: in a share `qa_fraction` of the examples the prefix is a passage of a
+    # question-answering file `qa_data` (any format `cagkit eval` reads) that holds a question's answer, and the
+    # continuation is "\n\nQuestion: ...\nAnswer: ..." (padded to the continuation length and masked there),
+    # so the CCL pulls the target's reading of a question and its answer over the translated passage towards
+    # its native one. `qa_skip` leaves out the first N questions and every question on their documents, so a
+    # run can train on a QA file whose first N questions `cagkit eval --limit N` scores.
+    qa_data: str | None = None
+    qa_format: str | None = None
+    qa_fraction: float = 0.0
+    qa_skip: int = 0
     seed: int = 0
     threads: int = 1
     sizes: dict = field(default_factory=dict)  # TranslatorConfig overrides (width, num_experts, align_mode...)
@@ -134,14 +144,18 @@ def sample_windows(files: list[Path], count: int, seed: int, target: LoadedModel
 
 @torch.no_grad()
 def make_example(source: LoadedModel, target: LoadedModel, window: str, settings: TrainSettings,
-                 align_mode: str, tables: tuple[RotaryTables, RotaryTables], recall_at: int | None = None) -> dict:
+                 align_mode: str, tables: tuple[RotaryTables, RotaryTables], recall_at: int | None = None,
+                 continuation: list[int] | None = None) -> dict:
     """One paired-prefill training example from a text window (see the module docstring). With `recall_at`,
-    the continuation is the prefix's tokens from that index on (a recall continuation) instead of what follows."""
+    the continuation is the prefix's tokens from that index on (a recall continuation) instead of what follows;
+    with `continuation` (C token ids), it is those."""
     P, C = settings.prefix_tokens, settings.continuation_tokens
     enc = target.tokenizer(window, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"][: P + C]
     if recall_at is not None:
         ids = ids[:P] + recall_continuation(ids[:P], C, recall_at)
+    if continuation is not None:
+        ids = ids[:P] + list(continuation)
     offsets = torch.tensor(enc["offset_mapping"][:P])  # [P, 2]
     prefix_text = window[: int(offsets[-1, 1])]
     src = source.tokenizer(prefix_text, add_special_tokens=False, return_offsets_mapping=True)
@@ -178,6 +192,52 @@ def make_example(source: LoadedModel, target: LoadedModel, window: str, settings
     return example
 
 
+def qa_passages(settings: TrainSettings, target: LoadedModel) -> list[tuple[str, str]]:
+    """(passage window, continuation text) per usable question of `settings.qa_data`: the window starts at the
+    line (or, when the answer would fall past the prefix, the sentence) holding the answer's first occurrence,
+    so the answer lies within the first `prefix_tokens` target tokens; the continuation asks the question and
+    gives that answer, as the base-model prompt of `cagkit ask` does."""
+    from cagkit.evaluation.datasets import load_examples
+
+    path, P = Path(settings.qa_data), settings.prefix_tokens
+    examples = load_examples(path, settings.qa_format)
+    if settings.qa_skip >= len(examples):
+        raise TranslatorError(f"--qa-skip {settings.qa_skip} leaves none of the {len(examples)} questions of "
+                              f"{path}; give a smaller number")
+    held = {doc for example in examples[: settings.qa_skip] for doc in example.context_documents()}
+    items = []
+    for example in examples[settings.qa_skip:]:
+        docs = example.context_documents()
+        if any(doc in held for doc in docs):
+            continue
+        found = next(((doc, doc.find(a), a) for a in example.answers if a.strip() for doc in docs if a in doc), None)
+        if found is None:
+            continue
+        doc, at, answer = found
+        for start in (doc.rfind("\n", 0, at) + 1, doc.rfind(". ", 0, at) + 2, doc.rfind(" ", 0, at) + 1):
+            if start > at:  # no sentence break before the answer
+                continue
+            window = doc[start: start + 8 * (P + 16)]
+            ends = [end for _, end in target.tokenizer(window, add_special_tokens=False,
+                                                       return_offsets_mapping=True)["offset_mapping"]]
+            if len(ends) >= P and ends[P - 1] >= at - start + len(answer):
+                items.append((window, f"\n\nQuestion: {example.question.strip()}\nAnswer: {answer.strip()}"))
+                break
+    if not items:
+        raise TranslatorError(f"{path}: no question whose answer is found in a document of at least "
+                              f"{P} target tokens after --qa-skip {settings.qa_skip}; check the file and --qa-format")
+    return items
+
+
+def qa_continuation(target: LoadedModel, text: str, length: int) -> tuple[list[int], torch.Tensor]:
+    """`text`'s target tokens cut or padded (with end-of-text) to `length`, and the mask of the real ones."""
+    ids = target.tokenizer(text, add_special_tokens=False)["input_ids"][:length]
+    pad = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id is not None else 0
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[: len(ids)] = True
+    return ids + [pad] * (length - len(ids)), mask
+
+
 def recall_continuation(prefix_ids: list[int], length: int, start: int) -> list[int]:
     """`length` prefix tokens from `start` (clamped so the span fits): a continuation that repeats the context."""
     start = min(max(start, 0), max(len(prefix_ids) - length, 0))
@@ -200,17 +260,34 @@ def generate_data(source: LoadedModel, target: LoadedModel, corpus: Path, settin
     files = corpus_files(corpus, heldout=False)
     tables = (RotaryTables(source.model), RotaryTables(target.model))
     shards = math.ceil(settings.examples / settings.shard_size)
+    qa_items = None
     for index in range(shards):
         path = data_dir / f"shard_{index:04d}.pt"
         if path.exists():
             continue
+        if settings.qa_fraction and qa_items is None:
+            qa_items = qa_passages(settings, target)
+            log(f"question-answer passages: {len(qa_items)} from {settings.qa_data}")
         started = time.time()
         seed = settings.seed * 100_003 + index
         windows = sample_windows(files, settings.shard_size, seed, target, need)
         rng = random.Random(seed + 1)
         last = max(settings.prefix_tokens - settings.continuation_tokens, 0)
         starts = [rng.randrange(last + 1) if rng.random() < settings.recall_fraction else None for _ in windows]
-        examples = [make_example(source, target, w, settings, align_mode, tables, at) for w, at in zip(windows, starts)]
+        if not settings.qa_fraction:
+            examples = [make_example(source, target, w, settings, align_mode, tables, at)
+                        for w, at in zip(windows, starts)]
+        else:
+            qa_rng, examples = random.Random(seed + 2), []
+            for window, at in zip(windows, starts):
+                if qa_rng.random() < settings.qa_fraction:
+                    window, text = qa_rng.choice(qa_items)
+                    ids, mask = qa_continuation(target, text, settings.continuation_tokens)
+                    example = make_example(source, target, window, settings, align_mode, tables, continuation=ids)
+                else:
+                    example = make_example(source, target, window, settings, align_mode, tables, at)
+                    mask = torch.ones(settings.continuation_tokens, dtype=torch.bool)
+                examples.append({**example, "mask": mask})
         stacked = {key: torch.stack([e[key] for e in examples]) for key in examples[0]}
         tmp = path.with_suffix(".tmp")
         torch.save(stacked, tmp)
@@ -366,13 +443,15 @@ def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: 
     )
     hidden = torch.stack(out.hidden_states[1:], dim=1)  # [B, Lt, C, E]
     native = batch["hidden"].float()
+    mask = batch["mask"].float() if "mask" in batch else torch.ones(batch["continuation"].shape)  # [B, C]
+    weight = mask[:, None, :, None]  # 0 on a question-answer continuation's padding
     # per-channel relative error: a few huge residual channels must not drown the rest
-    scale = native.pow(2).mean(dim=(0, 2), keepdim=True)  # [1, Lt, 1, E]
-    scale = scale + 1e-3 * scale.mean(dim=-1, keepdim=True)
-    hidden_loss = ((hidden - native).pow(2) / scale).mean()
+    scale = (native.pow(2) * weight).sum(dim=(0, 2), keepdim=True) / weight.sum(dim=(0, 2), keepdim=True)
+    scale = scale + 1e-3 * scale.mean(dim=-1, keepdim=True)  # [1, Lt, 1, E]
+    hidden_loss = ((hidden - native).pow(2) / scale * weight).sum() / (weight.sum() * hidden.shape[1] * hidden.shape[-1])
     if "logsumexp" in batch:
         kl = top_bins_kl(batch["top_logits"].float(), batch["logsumexp"].float(), batch["top_ids"],
-                         _logits(target, out.last_hidden_state))
+                         _logits(target, out.last_hidden_state), mask)
         return kl, hidden_loss
     rows = target.model.get_output_embeddings().weight[batch["top_ids"]]  # [B, C, K, E]
     logits = torch.einsum("bce,bcke->bck", out.last_hidden_state, rows)
@@ -380,22 +459,23 @@ def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: 
     if cap:
         logits = torch.tanh(logits / cap) * cap
     native_logp = torch.log_softmax(batch["top_logits"].float(), dim=-1)
-    kl = (native_logp.exp() * (native_logp - torch.log_softmax(logits, dim=-1))).sum(-1).mean()
-    return kl, hidden_loss
+    kl = (native_logp.exp() * (native_logp - torch.log_softmax(logits, dim=-1))).sum(-1)  # [B, C]
+    return (kl * mask).sum() / mask.sum(), hidden_loss
 
 
 def top_bins_kl(native_top: torch.Tensor, native_lse: torch.Tensor, top_ids: torch.Tensor,
-                logits: torch.Tensor) -> torch.Tensor:
-    """Mean over positions of KL(native || translated) over K + 1 bins: the native top-K tokens and one bin for
-    the rest of the vocabulary. `native_top` [..., K] are the native logits of `top_ids`, `native_lse` [...]
-    their full log-partition, `logits` [..., V] the translated full logits."""
+                logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over positions (those where `mask` [...] is 1, if given) of KL(native || translated) over K + 1
+    bins: the native top-K tokens and one bin for the rest of the vocabulary. `native_top` [..., K] are the
+    native logits of `top_ids`, `native_lse` [...] their full log-partition, `logits` [..., V] the translated
+    full logits."""
     native_logp = native_top - native_lse.unsqueeze(-1)  # [..., K], exact log-probabilities
     native_rest = torch.log1p(-native_logp.exp().sum(-1).clamp(max=1 - 1e-6))  # log of the mass outside top-K
     lse = logits.logsumexp(-1, keepdim=True)
     logp = logits.gather(-1, top_ids) - lse
     rest = logits.scatter(-1, top_ids, float("-inf")).logsumexp(-1) - lse.squeeze(-1)
     kl = (native_logp.exp() * (native_logp - logp)).sum(-1) + native_rest.exp() * (native_rest - rest)
-    return kl.mean()
+    return kl.mean() if mask is None else (kl * mask).sum() / mask.sum()
 
 
 def attention_loss(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
@@ -409,10 +489,12 @@ def attention_loss(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: Tran
     with torch.no_grad():
         sink_keys = prefill_kv(target.model, sink, tables).keys.to(kv.dtype) if sink else None  # [Lt, S, Hk, D]
     total = kv.new_zeros(())
+    mask = batch["mask"].to(kv.dtype)[:, None, None, :] if "mask" in batch else None  # [B, 1, 1, C]
     for layer in layers:
         native, translated = prefix_attention(target, [batch["target_kv"].to(kv.dtype), kv], batch["hidden"], layer,
                                               cfg, tables, sink_keys)
-        total = total + (native.exp() * (native - translated)).sum(-1).mean()
+        kl = (native.exp() * (native - translated)).sum(-1)  # [B, Hk, G, C]
+        total = total + (kl.mean() if mask is None else (kl * mask).sum() / (mask.sum() * kl.shape[1] * kl.shape[2]))
     return total / max(len(layers), 1)
 
 
@@ -486,10 +568,21 @@ def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     for added_later in ("attention_weight", "full_vocab_kl"):  # states of runs without them keep their key
         if not shaping[added_later]:
             shaping.pop(added_later)
+    if not shaping["qa_fraction"]:  # likewise without question-answer continuations
+        for name in ("qa_data", "qa_format", "qa_fraction", "qa_skip"):
+            shaping.pop(name)
     config = asdict(cfg)
     if config["token_window"] == 1:  # likewise for the token window, added after them
         config.pop("token_window")
     return hashlib.sha256(json.dumps([config, shaping], sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _qa_tag(settings: TrainSettings) -> str:
+    """The data folder's suffix for question-answer continuations: the file's content, format, share and skip."""
+    if not settings.qa_fraction:
+        return ""
+    digest = hashlib.sha256(Path(settings.qa_data).read_bytes()).hexdigest()[:10]
+    return f"-qa{settings.qa_fraction:g}-{digest}-{settings.qa_format or 'auto'}-skip{settings.qa_skip}"
 
 
 def _save_atomic(obj, path: Path) -> None:
@@ -666,6 +759,15 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
         raise TranslatorError(f"--prefix-tokens {settings.prefix_tokens} is shorter than the "
                               f"{settings.continuation_tokens}-token continuation a recall example copies from it; "
                               f"give at least {settings.continuation_tokens}")
+    if not 0 <= settings.qa_fraction <= 1:
+        raise TranslatorError(f"--qa-fraction {settings.qa_fraction} is not a share; give a value from 0 to 1")
+    if settings.qa_fraction and not settings.qa_data:
+        raise TranslatorError("--qa-fraction needs a question-answering file to take the questions from; pass --qa")
+    if settings.qa_data and not Path(settings.qa_data).is_file():
+        raise TranslatorError(f"--qa {settings.qa_data}: no such file; give a question-answering file "
+                              f"that `cagkit eval --data` reads")
+    if settings.qa_skip < 0:
+        raise TranslatorError(f"--qa-skip {settings.qa_skip} is negative; give 0 or more questions to leave out")
     if steps is not None:
         settings.steps = steps
     torch.set_num_threads(settings.threads)
@@ -680,7 +782,7 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     recall = f"-r{settings.recall_fraction:g}" if settings.recall_fraction else ""
     data_dir = work_dir / (f"data-{cfg.align_mode}-p{settings.prefix_tokens}c{settings.continuation_tokens}"
                            f"k{settings.top_logits}{'-lse' if settings.full_vocab_kl else ''}{recall}"
-                           f"-seed{settings.seed}")
+                           f"-seed{settings.seed}{_qa_tag(settings)}")
     data = generate_data(src, tgt, corpus, settings, cfg.align_mode, data_dir, log)
     data_s = time.time() - started
     net = TranslatorNet(cfg)

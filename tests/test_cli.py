@@ -207,6 +207,20 @@ def test_translators_train_passes_the_prefix_length_and_seed(monkeypatch, tmp_pa
     assert (settings.prefix_tokens, settings.heldout_prefix_tokens, settings.seed, settings.heldout_seed) == (256, 128, 3, 0)
 
 
+@pytest.mark.parametrize("flags, qa", [([], (None, None, 0.0, 0)),
+                                       (["--qa", "q.json", "--qa-skip", "200"], ("q.json", None, 0.5, 200)),
+                                       (["--qa", "q.json", "--qa-format", "squad", "--qa-fraction", "0.25"],
+                                        ("q.json", "squad", 0.25, 0))])
+def test_translators_train_passes_the_question_answer_options(monkeypatch, tmp_path, flags, qa):
+    import cagkit.training as training
+
+    seen = {}
+    monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
+    assert main(["translators", "train", "--source", "a", "--target", "b", "--corpus", str(tmp_path), *flags]) == 0
+    settings = seen["settings"]
+    assert (settings.qa_data, settings.qa_format, settings.qa_fraction, settings.qa_skip) == qa
+
+
 @pytest.mark.parametrize("flag, sizes", [([], {}), (["--align", "overlap"], {"align_mode": "overlap"}),
                                          (["--token-window", "2", "--align", "cover"],
                                           {"align_mode": "cover", "token_window": 2})])

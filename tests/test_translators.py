@@ -31,6 +31,7 @@ from cagkit.training import (
     fit_statistics,
     generate_data,
     prefix_attention,
+    qa_passages,
     recall_continuation,
     score_translator,
     sink_ids,
@@ -308,6 +309,91 @@ def test_recall_examples_replay_a_span_of_their_own_prefix(pair, corpus, tmp_pat
     assert not torch.equal(data["continuation"], plain["continuation"])
 
 
+@pytest.fixture(scope="module")
+def qa_file(tmp_path_factory):
+    """A SQuAD file of two articles: the first one's questions are the ones `--qa-skip 1` leaves out."""
+    def paragraph(words, answer):
+        return " ".join(words) + f" The keeper lived in {answer}. " + " ".join(reversed(words)) + "."
+
+    first = "river stone lantern orchard whisper copper meadow harbour signal winter candle ledger".split()
+    second = "falcon thimble quarry saddle orchard lantern copper winter river stone signal meadow".split()
+    articles = []
+    for name, words, places in (("A", first, ["Ålesund", "Bergen"]), ("B", second, ["Tromsø", "Oslo"])):
+        paragraphs = [{"context": paragraph(words * 3, place), "qas": [
+            {"id": f"{name}{i}", "question": f"Where did keeper {name}{i} live?", "is_impossible": False,
+             "answers": [{"text": place, "answer_start": 0}]}]} for i, place in enumerate(places)]
+        articles.append({"title": name, "paragraphs": paragraphs})
+    path = tmp_path_factory.mktemp("qa") / "qa.json"
+    path.write_text(json.dumps({"version": "v2.0", "data": articles}), encoding="utf-8")
+    return path
+
+
+def test_question_answer_examples_ask_about_a_passage_that_holds_the_answer(pair, corpus, qa_file, tmp_path):
+    source, target = pair
+    settings = tiny_settings(qa_data=str(qa_file), qa_fraction=1.0, qa_skip=1, continuation_tokens=24)
+    items = qa_passages(settings, target)
+    assert {text.split("Answer: ")[1] for _, text in items} == {"Tromsø", "Oslo"}  # article A is left out
+    data = generate_data(source, target, corpus, settings, "cover", tmp_path / "qa", log=lambda m: None).all()
+    tok = target.tokenizer
+    for ids, continuation, mask in zip(data["ids"].tolist(), data["continuation"].tolist(), data["mask"].tolist()):
+        real = tok.decode([t for t, keep in zip(continuation, mask) if keep])
+        question, answer = real.split("\nAnswer: ")
+        assert question.startswith("\n\nQuestion: Where did keeper B") and answer in ("Tromsø", "Oslo")
+        assert answer in tok.decode(ids)  # the answer lies within the translated prefix
+        assert 0 < sum(mask) < len(mask) and mask == sorted(mask, reverse=True)  # padded at the end only
+    plain = generate_data(source, target, corpus, tiny_settings(), "cover", tmp_path / "plain", log=lambda m: None)
+    assert "mask" not in plain.all()  # data made without --qa is as before
+    with pytest.raises(TranslatorError, match="--qa-skip 4 leaves none of the 4 questions"):
+        qa_passages(tiny_settings(qa_data=str(qa_file), qa_fraction=1.0, qa_skip=4), target)
+    with pytest.raises(TranslatorError, match="no question whose answer is found"):
+        qa_passages(tiny_settings(qa_data=str(qa_file), qa_fraction=1.0, prefix_tokens=4000), target)
+
+
+def test_padding_of_a_question_answer_continuation_is_left_out_of_the_losses(pair, corpus, qa_file, tmp_path):
+    """Whatever the padded positions hold, the CCL (and the attention loss) read only the real tokens; over the
+    native cache both vanish, as for corpus continuations."""
+    source, target = pair
+    settings = tiny_settings(qa_data=str(qa_file), qa_fraction=1.0, qa_skip=1, continuation_tokens=24,
+                             attention_weight=1.0)
+    cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
+    data = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "qa", log=lambda m: None).all()
+    tables = RotaryTables(target.model)
+    with torch.no_grad():
+        kl, hidden = context_correction(target, data["target_kv"].float(), data, cfg, tables)
+        assert kl.item() == pytest.approx(0, abs=1e-6) and hidden.item() == pytest.approx(0, abs=1e-4)
+        kv = data["target_kv"].float().flip(0)  # another example's cache: the losses are far from 0
+        garbled = dict(data)
+        padding = ~data["mask"]
+        garbled["hidden"] = data["hidden"].masked_fill(padding[:, None, :, None], 1e3)
+        garbled["top_logits"] = data["top_logits"].masked_fill(padding[..., None], 50.0)
+        wanted = context_correction(target, kv, data, cfg, tables)
+        for got, want in zip(context_correction(target, kv, garbled, cfg, tables), wanted):
+            assert got.item() == pytest.approx(want.item(), rel=1e-5) and want.item() > 0
+        unmasked = {key: value for key, value in garbled.items() if key != "mask"}  # the garbage would count
+        for got, want in zip(context_correction(target, kv, unmasked, cfg, tables), wanted):
+            assert got.item() != pytest.approx(want.item(), rel=0.1)
+        assert attention_loss(target, kv, garbled, cfg, tables).item() == pytest.approx(
+            attention_loss(target, kv, data, cfg, tables).item(), rel=1e-5)
+
+
+def test_training_with_question_answer_continuations_is_recorded_and_checked(pair, corpus, qa_file, tmp_path):
+    settings = tiny_settings(steps=2, qa_data=str(qa_file), qa_fraction=0.5, qa_skip=1)
+    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
+                            settings=settings, log=lambda m: None)
+    recorded = read_translator(path).card["settings"]
+    assert (recorded["qa_data"], recorded["qa_fraction"], recorded["qa_skip"]) == (str(qa_file), 0.5, 1)
+    cfg = TranslatorConfig.for_models("mot", *pair, **SIZES)
+    assert _config_key(cfg, settings) != _config_key(cfg, tiny_settings(steps=2))
+    assert _config_key(cfg, settings) != _config_key(cfg, dataclasses.replace(settings, qa_skip=0))
+    for bad, message in (({"qa_fraction": 0.5}, "--qa-fraction needs a question-answering file"),
+                         ({"qa_data": str(tmp_path / "missing.json"), "qa_fraction": 0.5}, "missing.json: no such file"),
+                         ({"qa_data": str(qa_file), "qa_fraction": 1.5}, "--qa-fraction 1.5 is not a share"),
+                         ({"qa_data": str(qa_file), "qa_fraction": 0.5, "qa_skip": -1}, "--qa-skip -1 is negative")):
+        with pytest.raises(TranslatorError, match=message):
+            train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "u.safetensors", work_dir=tmp_path,
+                             settings=tiny_settings(**bad), log=lambda m: None)
+
+
 def test_top_bins_kl_is_the_kl_of_the_coarsened_distributions():
     torch.manual_seed(0)
     native, translated = torch.randn(2, 3, 50) * 3, torch.randn(2, 3, 50) * 3
@@ -576,7 +662,8 @@ def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair,
     before = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "token_window"}
     shaping = {k: v for k, v in dataclasses.asdict(settings).items()
                if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "attention_weight",
-                            "full_vocab_kl", "heldout_prefix_tokens", "heldout_seed")}
+                            "full_vocab_kl", "heldout_prefix_tokens", "heldout_seed", "qa_data", "qa_format",
+                            "qa_fraction", "qa_skip")}
     key = hashlib.sha256(json.dumps([before, shaping], sort_keys=True).encode()).hexdigest()[:10]
     assert _config_key(cfg, settings) == key
     assert _config_key(dataclasses.replace(cfg, token_window=2), settings) != key
