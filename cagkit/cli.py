@@ -347,6 +347,26 @@ def _add_device_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, metavar="DEVICE",
                    help="where the models run: auto (CUDA when PyTorch sees a GPU, else the CPU), cpu, cuda or "
                         "cuda:N (default: $CAGKIT_DEVICE, else auto)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for the models (default: $CAGKIT_THREADS, else $OMP_NUM_THREADS, else "
+                        "PyTorch's default of one per core); on a machine other jobs keep busy, fewer run faster")
+
+
+def _set_threads(args) -> None:
+    """Apply --threads (or $CAGKIT_THREADS) to PyTorch; without either PyTorch keeps its own setting."""
+    given, name = getattr(args, "threads", None), "--threads"
+    if given is None and os.environ.get("CAGKIT_THREADS", "").strip():
+        raw, name = os.environ["CAGKIT_THREADS"].strip(), "CAGKIT_THREADS"
+        if not raw.isdigit():
+            raise CagkitError(f"CAGKIT_THREADS={raw!r} is not a number of threads; set it to 1 or more, or unset it")
+        given = int(raw)
+    if given is None:
+        return
+    if given < 1:
+        raise CagkitError(f"{name} {given}: give 1 or more CPU threads")
+    import torch
+
+    torch.set_num_threads(given)
 
 
 def _quiet_libraries() -> None:
@@ -365,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_libraries()
     try:
+        if hasattr(args, "device"):  # the commands that run models
+            _set_threads(args)
         if getattr(args, "device", None):
             from cagkit.models import resolve_device
 

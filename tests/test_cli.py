@@ -237,3 +237,32 @@ def test_translators_train_passes_the_alignment_mode_and_token_window(monkeypatc
     assert main(["translators", "train", "--source", "a", "--target", "b", "--corpus", str(tmp_path), *flag]) == 0
     # no flag leaves the config's default (and the keys of resumable states trained before the flag existed)
     assert seen["settings"].sizes == sizes
+
+
+def test_threads_come_from_the_flag_then_the_environment(monkeypatch, tmp_path, capsys):
+    import torch
+
+    import cagkit.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_cmd_ingest", lambda args: seen.append(torch.get_num_threads()) or 0)
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("CAGKIT_THREADS", raising=False)
+        torch.set_num_threads(2)
+        assert main(["ingest", str(tmp_path)]) == 0  # neither: PyTorch keeps its setting
+        assert main(["ingest", str(tmp_path), "--threads", "1"]) == 0
+        torch.set_num_threads(2)
+        monkeypatch.setenv("CAGKIT_THREADS", "1")
+        assert main(["ingest", str(tmp_path)]) == 0
+        torch.set_num_threads(1)
+        assert main(["ingest", str(tmp_path), "--threads", "2"]) == 0  # the flag wins
+        assert seen == [2, 1, 1, 2]
+        monkeypatch.setenv("CAGKIT_THREADS", "two")
+        assert main(["ingest", str(tmp_path)]) == 2
+        assert "CAGKIT_THREADS='two' is not a number of threads" in capsys.readouterr().err
+        assert main(["ask", "q", "--threads", "0"]) == 2
+        assert "--threads 0: give 1 or more" in capsys.readouterr().err
+        assert len(seen) == 4  # neither bad value ran the command
+    finally:
+        torch.set_num_threads(before)
