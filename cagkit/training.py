@@ -41,6 +41,7 @@ from transformers import DynamicCache
 from cagkit.alignment import align
 from cagkit.ask import sink_ids
 from cagkit.errors import TranslatorError
+from cagkit.generation import prompt_parts
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv
 from cagkit.models import LoadedModel, cagkit_home, load_model
 from cagkit.rope import RotaryTables, apply_rope, remove_rope
@@ -97,7 +98,8 @@ class TrainSettings:
     heldout_seed: int = 0  # picks the held-out passages, apart from `seed`, so runs of other seeds compare too
     # Question-answer continuations: in a share `qa_fraction` of the examples the prefix is a passage of a
     # question-answering file `qa_data` (any format `cagkit eval` reads) that holds a question's answer, and the
-    # continuation is "\n\nQuestion: ...\nAnswer: ..." (padded to the continuation length and masked there),
+    # continuation is the rest of the prompt `cagkit ask` gives the target for that question, then the answer
+    # (padded to the continuation length and masked there),
     # so the CCL pulls the target's reading of a question and its answer over the translated passage towards
     # its native one. `qa_skip` leaves out the first N questions and every question on their documents, so a
     # run can train on a QA file whose first N questions `cagkit eval --limit N` scores.
@@ -192,11 +194,10 @@ def make_example(source: LoadedModel, target: LoadedModel, window: str, settings
     return example
 
 
-def qa_passages(settings: TrainSettings, target: LoadedModel) -> list[tuple[str, str]]:
-    """(passage window, continuation text) per usable question of `settings.qa_data`: the window starts at the
+def qa_passages(settings: TrainSettings, target: LoadedModel) -> list[tuple[str, str, str]]:
+    """(passage window, question, answer) per usable question of `settings.qa_data`: the window starts at the
     line (or, when the answer would fall past the prefix, the sentence) holding the answer's first occurrence,
-    so the answer lies within the first `prefix_tokens` target tokens; the continuation asks the question and
-    gives that answer, as the base-model prompt of `cagkit ask` does."""
+    so the answer lies within the first `prefix_tokens` target tokens."""
     from cagkit.evaluation.datasets import load_examples
 
     path, P = Path(settings.qa_data), settings.prefix_tokens
@@ -221,7 +222,7 @@ def qa_passages(settings: TrainSettings, target: LoadedModel) -> list[tuple[str,
             ends = [end for _, end in target.tokenizer(window, add_special_tokens=False,
                                                        return_offsets_mapping=True)["offset_mapping"]]
             if len(ends) >= P and ends[P - 1] >= at - start + len(answer):
-                items.append((window, f"\n\nQuestion: {example.question.strip()}\nAnswer: {answer.strip()}"))
+                items.append((window, example.question.strip(), answer.strip()))
                 break
     if not items:
         raise TranslatorError(f"{path}: no question whose answer is found in a document of at least "
@@ -229,9 +230,14 @@ def qa_passages(settings: TrainSettings, target: LoadedModel) -> list[tuple[str,
     return items
 
 
-def qa_continuation(target: LoadedModel, text: str, length: int) -> tuple[list[int], torch.Tensor]:
-    """`text`'s target tokens cut or padded (with end-of-text) to `length`, and the mask of the real ones."""
-    ids = target.tokenizer(text, add_special_tokens=False)["input_ids"][:length]
+def qa_continuation(target: LoadedModel, question: str, answer: str, length: int) -> tuple[list[int], torch.Tensor]:
+    """The target tokens that follow the context when `cagkit ask` puts `question` to `target`, then `answer`'s,
+    their last `length` or padded (with end-of-text) to `length`; and the mask of the real ones."""
+    if target.chat:  # the chat template's rest of the user turn and the assistant header, then the answer
+        ids = prompt_parts(target, question)[1] + target.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    else:  # the base-model prompt, "Question: ...\nAnswer:", tokenised with the answer
+        ids = target.tokenizer(f"\n\nQuestion: {question}\nAnswer: {answer}", add_special_tokens=False)["input_ids"]
+    ids = ids[-length:]  # too long: the start of the prompt's rest goes, the question's end and the answer stay
     pad = target.tokenizer.eos_token_id if target.tokenizer.eos_token_id is not None else 0
     mask = torch.zeros(length, dtype=torch.bool)
     mask[: len(ids)] = True
@@ -281,8 +287,8 @@ def generate_data(source: LoadedModel, target: LoadedModel, corpus: Path, settin
             qa_rng, examples = random.Random(seed + 2), []
             for window, at in zip(windows, starts):
                 if qa_rng.random() < settings.qa_fraction:
-                    window, text = qa_rng.choice(qa_items)
-                    ids, mask = qa_continuation(target, text, settings.continuation_tokens)
+                    window, question, answer = qa_rng.choice(qa_items)
+                    ids, mask = qa_continuation(target, question, answer, settings.continuation_tokens)
                     example = make_example(source, target, window, settings, align_mode, tables, continuation=ids)
                 else:
                     example = make_example(source, target, window, settings, align_mode, tables, at)
