@@ -31,6 +31,7 @@ from cagkit.training import (
     fit_statistics,
     generate_data,
     prefix_attention,
+    qa_continuation,
     qa_passages,
     recall_continuation,
     score_translator,
@@ -347,6 +348,25 @@ def test_question_answer_examples_ask_about_a_passage_that_holds_the_answer(pair
         qa_passages(tiny_settings(qa_data=str(qa_file), qa_fraction=1.0, qa_skip=4), target)
     with pytest.raises(TranslatorError, match="no question whose answer is found"):
         qa_passages(tiny_settings(qa_data=str(qa_file), qa_fraction=1.0, prefix_tokens=4000), target)
+
+
+def test_a_question_answer_continuation_is_the_asks_prompt_then_the_answer(smollm2_tokenizer, gemma_tokenizer):
+    """An instruct target reads the rest of its chat turn (as `cagkit ask` prompts it), a base target the plain
+    'Question/Answer' prompt; one too long keeps its end, so the answer is always there."""
+    from types import SimpleNamespace
+
+    from cagkit.generation import prompt_parts
+
+    chat = SimpleNamespace(tokenizer=smollm2_tokenizer, chat=True)
+    suffix = prompt_parts(chat, "Where did the keeper live?")[1]
+    answer = smollm2_tokenizer("Ålesund", add_special_tokens=False)["input_ids"]
+    ids, mask = qa_continuation(chat, "Where did the keeper live?", "Ålesund", len(suffix) + len(answer) + 3)
+    assert ids[: len(suffix) + len(answer)] == suffix + answer and mask.tolist() == [True] * (len(ids) - 3) + [False] * 3
+    short, mask = qa_continuation(chat, "Where did the keeper live?", "Ålesund", 8)
+    assert short == (suffix + answer)[-8:] and bool(mask.all())
+    base = SimpleNamespace(tokenizer=gemma_tokenizer, chat=False)
+    ids, mask = qa_continuation(base, "Where?", "Ålesund", 16)
+    assert gemma_tokenizer.decode(ids[: int(mask.sum())]) == "\n\nQuestion: Where?\nAnswer: Ålesund"
 
 
 def test_padding_of_a_question_answer_continuation_is_left_out_of_the_losses(pair, corpus, qa_file, tmp_path):
