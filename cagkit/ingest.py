@@ -53,6 +53,7 @@ def ingest(
     dtype: str = "float16",
     progress: bool = True,
     device: str | None = None,
+    wait: bool = False,
 ) -> IngestReport:
     """Add the documents under `paths` to `store`, prefilling each new or changed one with `source`.
 
@@ -66,6 +67,7 @@ def ingest(
         progress: draw a progress bar on stderr.
         device: where the source model prefills: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a
             GPU), `cpu`, `cuda` or `cuda:N`. The stored KV is the same either way, up to rounding.
+        wait: when another process is writing `store`, wait for it to finish instead of raising `StoreError`.
 
     Unchanged files (same content hash, intact KV file) are skipped; a file that cannot be read is skipped with
     a warning and listed in the report. Each document is committed on its own, so an interrupted run keeps what
@@ -86,7 +88,7 @@ def ingest(
             yield str(file.resolve()), text, None
 
     keep = {str(f.resolve()) for f in files} if prune else None
-    return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress, device)
+    return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress, device, wait)
 
 
 def ingest_texts(
@@ -144,6 +146,7 @@ def _ingest_documents(
     dtype: str,
     progress: bool,
     device: str | None = None,
+    wait: bool = False,
 ) -> IngestReport:
     """Prefill and store each new or changed `(key, text, metadata)`; with `keep`, remove stored documents not in it."""
     if chunk_tokens < 16:
@@ -153,7 +156,7 @@ def _ingest_documents(
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)
     started = time.perf_counter()
     tables = RotaryTables(lm.model)
-    with Store.open_for_writing(store, settings) as st:
+    with Store.open_for_writing(store, settings, wait=wait) as st:
         todo = []
         for key, text, metadata in docs:
             sha = hashlib.sha256(text.encode()).hexdigest()

@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,11 +141,12 @@ class Store:
         return cls(path, conn, settings)
 
     @classmethod
-    def open_for_writing(cls, path: str | Path, settings: StoreSettings) -> "Store":
-        """Create the store, or open it after checking it was built with the same `settings`."""
+    def open_for_writing(cls, path: str | Path, settings: StoreSettings, wait: bool = False) -> "Store":
+        """Create the store, or open it after checking it was built with the same `settings`. While another
+        process writes it: a `StoreError`, or with `wait` a wait until that process is done."""
         path = Path(path)
         (path / "kv").mkdir(parents=True, exist_ok=True)
-        lock = _lock_for_writing(path)
+        lock = _lock_for_writing(path, wait)
         manifest = path / "manifest.sqlite"
         conn = _connect(manifest)
         existing = _read_settings(conn, manifest)
@@ -396,14 +398,18 @@ def _metadata(column: str | None) -> dict:
     return json.loads(column) if column else {}
 
 
-def _lock_for_writing(path: Path):
-    """An exclusive lock on the store; a second writer gets a clear error instead of racing the first."""
+def _lock_for_writing(path: Path, wait: bool = False):
+    """An exclusive lock on the store; a second writer gets a clear error instead of racing the first, or with
+    `wait` blocks until the first is done."""
     handle = open(path / "write.lock", "w")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.close()
-        raise StoreError(f"store {path} is being written by another cagkit ingest; wait for it to finish") from None
+        if not wait:
+            handle.close()
+            raise StoreError(f"store {path} is being written by another cagkit ingest; wait for it to finish") from None
+        print(f"store {path} is being written by another cagkit process; waiting for it", file=sys.stderr, flush=True)
+        fcntl.flock(handle, fcntl.LOCK_EX)
     return handle
 
 

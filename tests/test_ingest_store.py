@@ -207,6 +207,30 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_store(tiny_llama, 
         assert again.documents() == []
 
 
+def test_a_waiting_writer_opens_the_store_once_the_first_is_done(tiny_llama, tmp_path, capsys):
+    """What `cagkit eval` does: two runs over the same data share one store, and the second waits."""
+    import threading
+    import time
+
+    from cagkit.store import StoreSettings
+
+    settings = StoreSettings("tiny-llama", "tiny-llama-fp", "float16", 32, "all-MiniLM-L6-v2")
+    opened = []
+
+    def second():
+        with Store.open_for_writing(tmp_path / "store", settings, wait=True) as st:
+            opened.append(st.documents())
+
+    with Store.open_for_writing(tmp_path / "store", settings):
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive() and not opened  # still waiting while the first holds the store
+    waiter.join(timeout=10)
+    assert opened == [[]]
+    assert "is being written by another cagkit process; waiting for it" in capsys.readouterr().err
+
+
 def test_a_texts_embedding_does_not_depend_on_its_batch():
     """Texts are embedded in small length-sorted batches, padded to their longest text: padding must not leak."""
     from cagkit.embeddings import EMBED_BATCH, embed

@@ -109,7 +109,9 @@ def run_eval(
     doc_paths = write_documents(examples, _documents_dir(store_path))
     documents = sorted({p for paths in doc_paths for p in paths})
     _log(f"ingesting {len(documents)} documents with {source} into {store_path}")
-    ingest(documents, store=store_path, source=source, chunk_tokens=chunk_tokens, progress=True, device=device)
+    # runs over the same data share its store: one started while another ingests waits for it
+    ingest(documents, store=store_path, source=source, chunk_tokens=chunk_tokens, progress=True, device=device,
+           wait=True)
     source_lm, target_lm = load_model(source, device), load_model(target, device)
 
     with Store.open(store_path) as st:
