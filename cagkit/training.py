@@ -7,6 +7,8 @@ its RoPE-free prefix KV (the reconstruction target), its hidden states over the 
 there (the Context Correction targets). In a share of the examples (`recall_fraction`) the continuation is
 instead a span copied from the prefix: the target replays it natively by looking it up in the context, which
 is what answering a question about a document needs, and the translated keys have to support the same look-up.
+With `qa_data`, a share of the examples (`qa_fraction`) instead pair a passage of a question-answering file with
+the prompt `cagkit ask` gives the target for one of its questions and that question's answer.
 Examples are stored in fp16 shards under the work dir; generation
 resumes shard by shard, and training reads them from disk on demand (`TrainingData`).
 
@@ -454,7 +456,8 @@ def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: 
     # per-channel relative error: a few huge residual channels must not drown the rest
     scale = (native.pow(2) * weight).sum(dim=(0, 2), keepdim=True) / weight.sum(dim=(0, 2), keepdim=True)
     scale = scale + 1e-3 * scale.mean(dim=-1, keepdim=True)  # [1, Lt, 1, E]
-    hidden_loss = ((hidden - native).pow(2) / scale * weight).sum() / (weight.sum() * hidden.shape[1] * hidden.shape[-1])
+    positions = weight.sum() * hidden.shape[1] * hidden.shape[-1]  # real positions x layers x channels
+    hidden_loss = ((hidden - native).pow(2) / scale * weight).sum() / positions
     if "logsumexp" in batch:
         kl = top_bins_kl(batch["top_logits"].float(), batch["logsumexp"].float(), batch["top_ids"],
                          _logits(target, out.last_hidden_state), mask)
@@ -774,6 +777,9 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
                               f"that `cagkit eval --data` reads")
     if settings.qa_skip < 0:
         raise TranslatorError(f"--qa-skip {settings.qa_skip} is negative; give 0 or more questions to leave out")
+    if (settings.qa_skip or settings.qa_format) and not settings.qa_fraction:
+        raise TranslatorError("--qa-skip and --qa-format shape question-answer continuations; pass --qa FILE "
+                              "(and a --qa-fraction above 0) or leave them out")
     if steps is not None:
         settings.steps = steps
     torch.set_num_threads(settings.threads)

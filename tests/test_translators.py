@@ -408,7 +408,8 @@ def test_training_with_question_answer_continuations_is_recorded_and_checked(pai
     for bad, message in (({"qa_fraction": 0.5}, "--qa-fraction needs a question-answering file"),
                          ({"qa_data": str(tmp_path / "missing.json"), "qa_fraction": 0.5}, "missing.json: no such file"),
                          ({"qa_data": str(qa_file), "qa_fraction": 1.5}, "--qa-fraction 1.5 is not a share"),
-                         ({"qa_data": str(qa_file), "qa_fraction": 0.5, "qa_skip": -1}, "--qa-skip -1 is negative")):
+                         ({"qa_data": str(qa_file), "qa_fraction": 0.5, "qa_skip": -1}, "--qa-skip -1 is negative"),
+                         ({"qa_skip": 200}, "--qa-skip and --qa-format shape question-answer continuations")):
         with pytest.raises(TranslatorError, match=message):
             train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "u.safetensors", work_dir=tmp_path,
                              settings=tiny_settings(**bad), log=lambda m: None)
