@@ -217,9 +217,9 @@ def qa_passages(settings: TrainSettings, target: LoadedModel) -> list[tuple[str,
         if found is None:
             continue
         doc, at, answer = found
-        for start in (doc.rfind("\n", 0, at) + 1, doc.rfind(". ", 0, at) + 2, doc.rfind(" ", 0, at) + 1):
-            if start > at:  # no sentence break before the answer
-                continue
+        sentence = doc.rfind(". ", 0, at)  # -1: no sentence break before the answer, so no sentence start
+        starts = [doc.rfind("\n", 0, at) + 1, *([sentence + 2] if sentence >= 0 else []), doc.rfind(" ", 0, at) + 1]
+        for start in starts:
             window = doc[start: start + 8 * (P + 16)]
             ends = [end for _, end in target.tokenizer(window, add_special_tokens=False,
                                                        return_offsets_mapping=True)["offset_mapping"]]
@@ -282,20 +282,18 @@ def generate_data(source: LoadedModel, target: LoadedModel, corpus: Path, settin
         rng = random.Random(seed + 1)
         last = max(settings.prefix_tokens - settings.continuation_tokens, 0)
         starts = [rng.randrange(last + 1) if rng.random() < settings.recall_fraction else None for _ in windows]
-        if not settings.qa_fraction:
-            examples = [make_example(source, target, w, settings, align_mode, tables, at)
-                        for w, at in zip(windows, starts)]
-        else:
-            qa_rng, examples = random.Random(seed + 2), []
-            for window, at in zip(windows, starts):
-                if qa_rng.random() < settings.qa_fraction:
-                    window, question, answer = qa_rng.choice(qa_items)
-                    ids, mask = qa_continuation(target, question, answer, settings.continuation_tokens)
-                    example = make_example(source, target, window, settings, align_mode, tables, continuation=ids)
-                else:
-                    example = make_example(source, target, window, settings, align_mode, tables, at)
-                    mask = torch.ones(settings.continuation_tokens, dtype=torch.bool)
-                examples.append({**example, "mask": mask})
+        qa_rng, examples = random.Random(seed + 2), []  # drawn from only with question-answer continuations
+        for window, at in zip(windows, starts):
+            if settings.qa_fraction and qa_rng.random() < settings.qa_fraction:
+                window, question, answer = qa_rng.choice(qa_items)
+                ids, mask = qa_continuation(target, question, answer, settings.continuation_tokens)
+                example = {**make_example(source, target, window, settings, align_mode, tables, continuation=ids),
+                           "mask": mask}
+            else:
+                example = make_example(source, target, window, settings, align_mode, tables, at)
+                if settings.qa_fraction:  # every example of such a run carries a mask, so the shards stack
+                    example["mask"] = torch.ones(settings.continuation_tokens, dtype=torch.bool)
+            examples.append(example)
         stacked = {key: torch.stack([e[key] for e in examples]) for key in examples[0]}
         tmp = path.with_suffix(".tmp")
         torch.save(stacked, tmp)
