@@ -91,7 +91,10 @@ def _cmd_translators_train(args) -> int:
                              qa_format=args.qa_format, qa_skip=args.qa_skip,
                              qa_fraction=args.qa_fraction if args.qa_fraction is not None else 0.5 if args.qa else 0.0,
                              sizes={**({"align_mode": args.align} if args.align else {}),
-                                    **({"token_window": args.token_window} if args.token_window != 1 else {})},
+                                    **({"token_window": args.token_window} if args.token_window != 1 else {}),
+                                    **{name: getattr(args, name) for name in ("width", "expert_hidden",
+                                                                               "num_experts", "top_k")
+                                       if getattr(args, name) is not None}},
                              **({"lr": args.lr} if args.lr is not None else {}))
     out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
                            out=args.out, kind=args.kind, work_dir=args.work_dir, settings=settings, init=args.init)
@@ -190,6 +193,27 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_compare(args) -> int:
+    from cagkit.evaluation.report import compare
+
+    rows = compare(args.runs)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    name = max(len(f"{r['file']}:{r['method']}") for r in rows)
+    place = max(len(r["placement"]) for r in rows)
+    print(f"{'run':<{name}}  {'target':<8} {'placement':<{place}} {'n':>4} {'quality':>7} {'/ first':>7}  "
+          f"− first (95% interval)")
+    for r in rows:
+        d = r["difference"]
+        diff = "" if d is None else f"{d['mean']:+.3f} ({d['low']:+.3f} to {d['high']:+.3f}), {d['questions']} q"
+        quality = "-" if r["quality"] is None else f"{r['quality']:.3f}"
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        print(f"{r['file'] + ':' + r['method']:<{name}}  {r['target']:<8} {r['placement']:<{place}} "
+              f"{r['n'] if r['n'] is not None else '-':>4} {quality:>7} {ratio:>7}  {diff}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cagkit.ingest import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE
     from cagkit.store import DEFAULT_STORE
@@ -275,6 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--token-window", type=int, default=1,
                    help="target positions whose source features each token reads: itself and the N-1 before it "
                         "in its chunk (default: %(default)s, the token alone)")
+    t.add_argument("--width", type=int, default=None,
+                   help="trunk width of each layer's translator (default: 160; mot and projector)")
+    t.add_argument("--expert-hidden", type=int, default=None,
+                   help="hidden units of each expert MLP (default: 96 for mot, 192 for the projector's one)")
+    t.add_argument("--experts", dest="num_experts", type=int, default=None,
+                   help="expert MLPs per layer (default: 4; mot only)")
+    t.add_argument("--top-k", dest="top_k", type=int, default=None,
+                   help="experts the router picks per token (default: 2; mot only)")
     t.add_argument("--seed", type=int, default=0,
                    help="seeds the training passages, the initialisation and the batch order (default: %(default)s; "
                         "the held-out passages stay the same, so runs of other seeds compare)")
@@ -325,6 +357,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plots", default="docs/plots")
     p.add_argument("--note", default=None, help="a paragraph under the title: how and where the runs were made")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("compare", help="paired differences between eval runs: each FILE[:METHOD] against the first")
+    p.add_argument("runs", nargs="+", metavar="FILE[:METHOD]",
+                   help="results files of `cagkit eval` over the same data, each with the method to compare "
+                        "(default: mot); the first is the baseline")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_compare)
     return parser
 
 

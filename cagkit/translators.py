@@ -87,6 +87,16 @@ class TranslatorConfig:
             raise TranslatorError(f"unknown translator kind '{kind}'; use one of {', '.join(KINDS)}")
         if int(sizes.get("token_window", cls.token_window)) < 1:
             raise TranslatorError(f"token window {sizes['token_window']} must be 1 (the token alone) or more")
+        for name in ("width", "expert_hidden", "num_experts", "top_k"):
+            if name in sizes and int(sizes[name]) < 1:
+                raise TranslatorError(f"translator {name.replace('_', ' ')} {sizes[name]} must be 1 or more")
+        if kind != "mot" and ("num_experts" in sizes or "top_k" in sizes):
+            raise TranslatorError(f"a {kind} translator has no experts to choose from; the number of experts "
+                                  f"and top-k are for --kind mot")
+        if sizes.get("top_k", cls.top_k) > sizes.get("num_experts", cls.num_experts):
+            raise TranslatorError(f"top-k {sizes.get('top_k', cls.top_k)} is more than the "
+                                  f"{sizes.get('num_experts', cls.num_experts)} experts; give a top-k of at most "
+                                  f"the number of experts")
         s_cfg, t_cfg = _text_config(source), _text_config(target)
         sizes["window"] = min(sizes.get("window", cls.window), s_cfg.num_hidden_layers)
         source_dim = sizes["window"] * 2 * s_cfg.num_key_value_heads * _head_dim(s_cfg)

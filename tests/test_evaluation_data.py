@@ -10,7 +10,7 @@ from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS, Example, detect_format, load_examples, split_options
 from cagkit.evaluation.metrics import (exact_match, f1, letter_or_text_to_index, mean, median, normalize_answer,
                                       paired_bootstrap)
-from cagkit.evaluation.report import summary, write_report
+from cagkit.evaluation.report import compare, summary, write_report
 from cagkit.placement import Placement
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -458,6 +458,42 @@ def test_report_summary_is_the_papers_table():
     row = [line for line in summary([short]) if line.startswith("| smollm2")][0]
     assert row.startswith("| smollm2 → gemma | race.jsonl | 100 | 0.750 | 0.250 | 0.500 | 1.000 (12 q) | 0.750 "
                           "| 100% | 1.50x (linear) | +0.250 ")
+
+
+def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
+    from cagkit.cli import main
+
+    base = _run_with_records(False, {"mot": [0.5, 0.0] * 50, "native": [1.0, 0.0] * 50})
+    base["settings"] = {"top_k": 1, "blend": 0.0}
+    other = _run_with_records(False, {"mot": [1.0, 0.0] * 50})
+    other["methods"]["mot"]["examples"] = other["methods"]["mot"]["examples"][::-1]  # pairs by id, not by order
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(base))
+    b.write_text(json.dumps(other))
+    rows = compare([str(a), f"{b}:mot", f"{a}:native"])
+    assert [(r["method"], r["quality"], r["ratio"]) for r in rows] == [("mot", 0.25, None), ("mot", 0.5, 2.0),
+                                                                        ("native", 0.5, 2.0)]
+    assert rows[0]["placement"] == "top-1, as stored" and rows[0]["difference"] is None
+    # b has no settings: written before placements were recorded, its chunks were placed as stored
+    difference = rows[1]["difference"]
+    assert difference["questions"] == 100 and difference["mean"] == 0.25
+    assert 0.15 < difference["low"] < 0.25 < difference["high"] < 0.35
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].split()[-8:] == ["0.500", "2.00x", "+0.250", f"({difference['low']:+.3f}", "to",
+                                   f"{difference['high']:+.3f}),", "100", "q"]
+    with pytest.raises(CagkitError, match="no 'projector' results; it has mot, native"):
+        compare([f"{a}:projector", str(b)])
+    with pytest.raises(CagkitError, match="two or more"):
+        compare([str(a)])
+    closed = tmp_path / "race.json"
+    closed.write_text(json.dumps(_run_with_records(True, {"mot": [1, 0] * 5})))
+    with pytest.raises(CagkitError, match="compare runs over the same data"):
+        compare([str(a), str(closed)])
+    other["methods"]["mot"]["examples"] = [{**r, "id": "x" + r["id"]} for r in other["methods"]["mot"]["examples"]]
+    b.write_text(json.dumps(other))
+    with pytest.raises(CagkitError, match="shares no scored question"):
+        compare([str(a), str(b)])
 
 
 def test_report_rejects_incomplete_results(tmp_path):

@@ -672,6 +672,21 @@ class _Shape:
         num_hidden_layers, num_key_value_heads, head_dim, hidden_size, num_attention_heads = 4, 1, 4, 8, 2
 
 
+def test_translator_sizes_shape_the_layers_and_bad_sizes_are_refused():
+    cfg = TranslatorConfig.for_models("mot", _Shape(), _Shape(), width=12, expert_hidden=10, num_experts=6, top_k=3)
+    layer = TranslatorNet(cfg).layers[0]
+    assert (len(layer.experts), layer.top_k, layer.trunk[0].out_features) == (6, 3, 12)
+    assert layer.experts[0][0].out_features == 10
+    projector = TranslatorConfig.for_models("projector", _Shape(), _Shape(), expert_hidden=10)
+    assert (projector.num_experts, projector.top_k, projector.expert_hidden) == (1, 1, 10)
+    with pytest.raises(TranslatorError, match="top-k 5 is more than the 4 experts"):
+        TranslatorConfig.for_models("mot", _Shape(), _Shape(), top_k=5)
+    with pytest.raises(TranslatorError, match="translator width 0 must be 1 or more"):
+        TranslatorConfig.for_models("mot", _Shape(), _Shape(), width=0)
+    with pytest.raises(TranslatorError, match="for --kind mot"):
+        TranslatorConfig.for_models("projector", _Shape(), _Shape(), num_experts=4)
+
+
 def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair, corpus, tmp_path):
     logs = []
     path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,

@@ -177,16 +177,85 @@ def summary(runs: list[dict]) -> list[str]:
 
 def _interval(run: dict, a: str | None, b: str | None, closed_set: bool) -> str:
     """`a − b` over the questions both answered, with its 95% paired bootstrap interval; a dash without records."""
-    records = [{r["id"]: r for r in run["methods"].get(m, {}).get("examples") or []} if m else {} for m in (a, b)]
+    records = [run["methods"].get(m, {}) if m else {} for m in (a, b)]
+    difference = paired_difference(*records, closed_set)
+    return _DASH if difference is None else _fmt_difference(difference)
+
+
+def paired_difference(a: dict, b: dict, closed_set: bool) -> tuple[int, float, float, float] | None:
+    """(questions, mean, low, high) of method scores `a` − `b` over the questions both answered (by id), with the
+    95% paired bootstrap interval; None when they share no question."""
+    records = [{r["id"]: r for r in scores.get("examples") or []} for scores in (a, b)]
     shared = [i for i in records[0] if i in records[1]]
     if not shared:
-        return _DASH
+        return None
 
     def score(r: dict) -> float:
         return float(r["correct"]) if closed_set else float(r["f1"])
 
-    mean, low, high = paired_bootstrap([score(records[0][i]) - score(records[1][i]) for i in shared])
+    return (len(shared), *paired_bootstrap([score(records[0][i]) - score(records[1][i]) for i in shared]))
+
+
+def _fmt_difference(difference: tuple[int, float, float, float]) -> str:
+    _, mean, low, high = difference
     return f"{mean:+.3f} ({low:+.3f} to {high:+.3f})"
+
+
+def compare(specs: list[str]) -> list[dict]:
+    """Compare methods across results files, question by question: each `FILE[:METHOD]` (METHOD default `mot`)
+    against the first. One row each: file, method, placement, questions, quality (F1, or accuracy on closed-set
+    data), and, from the second on, its ratio to the first and the paired difference from the first over the
+    questions both answered.
+
+    This is how two checkpoints, recipes or placements are told apart: the paired interval covers the questions
+    (not the training run), so a difference inside it is noise. Files of other data sets are refused."""
+    if len(specs) < 2:
+        raise CagkitError("compare needs two or more FILE[:METHOD], the first being the baseline")
+    loaded = []
+    for spec in specs:
+        path, method = _parse_spec(spec)
+        run = _load_results(path)
+        if method not in run["methods"]:
+            raise CagkitError(f"{path}: no '{method}' results; it has {', '.join(run['methods'])} "
+                              f"(name one as {path}:METHOD)")
+        loaded.append((path, method, run))
+    base_path, base_method, base_run = loaded[0]
+    closed_set = _is_closed_set(base_run)
+    base_scores = base_run["methods"][base_method]
+    rows = []
+    for path, method, run in loaded:
+        if (Path(run["dataset"]).name, run.get("format")) != (Path(base_run["dataset"]).name, base_run.get("format")):
+            raise CagkitError(f"{path} scores {run['dataset']} but {base_path} scores {base_run['dataset']}: "
+                              f"compare runs over the same data")
+        scores = run["methods"][method]
+        row = {"file": str(path), "method": method, "target": run["target"],
+               "placement": _placement_label(run.get("settings") or {}),
+               "n": scores.get("n"), "quality": _quality(scores, closed_set), "ratio": None,
+               "difference": None}
+        if rows:
+            difference = paired_difference(scores, base_scores, closed_set)
+            if difference is None:
+                raise CagkitError(f"{path} ({method}) shares no scored question with {base_path} ({base_method}); "
+                                  f"rerun `cagkit eval` over the same questions")
+            row["difference"] = dict(zip(("questions", "mean", "low", "high"), difference))
+            base = rows[0]["quality"]
+            row["ratio"] = row["quality"] / base if row["quality"] is not None and base else None
+        rows.append(row)
+    return rows
+
+
+def _placement_label(settings: dict) -> str:
+    """How a run placed the context: 'top-4, blend 0.15 by question', 'top-1, as stored', 'whole context, ...'."""
+    retrieval = "whole context" if settings.get("full_context") else f"top-{settings.get('top_k', '?')}"
+    return retrieval + (Placement.from_settings(settings).describe() or ", as stored")
+
+
+def _parse_spec(spec: str) -> tuple[Path, str]:
+    """`FILE[:METHOD]` -> (file, method); a path that exists as given is a file with the default method."""
+    if Path(spec).exists() or ":" not in spec:
+        return Path(spec), "mot"
+    path, method = spec.rsplit(":", 1)
+    return Path(path), method
 
 
 def _section(run: dict) -> list[str]:
