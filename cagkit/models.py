@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cagkit.errors import ModelError
+from cagkit.files import default_file_mode
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,8 @@ def convert(alias: str) -> Path:
         tokenizer.save_pretrained(out)
         info = {"alias": alias, "gguf_sha256": spec.sha256, "fingerprint": fingerprint(model)}
         (out / "cagkit-model.json").write_text(json.dumps(info, indent=2))
+        for weights in out.glob("*.safetensors"):  # written owner-only; readable like the rest of the folder
+            os.chmod(weights, default_file_mode())
         if final.exists():
             shutil.rmtree(final)
         os.replace(out, final)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import sqlite3
 import sys
 import time
@@ -28,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from cagkit.errors import StoreError
+from cagkit.files import save_safetensors
 from cagkit.kvcache import ChunkKV
 
 FORMAT_VERSION = 1
@@ -223,12 +222,9 @@ class Store:
                 tensors.update(_sentence_tensors(i, c.sentences))
         kv_file = f"{sha256[:24]}.safetensors"
         final = self.path / "kv" / kv_file
-        tmp = final.with_suffix(f".{os.getpid()}.tmp")
         meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": self.settings.source_fingerprint,
                 "dtype": self.settings.dtype, "document": path}
-        save_file(tensors, str(tmp), metadata=meta)
-        _fsync(tmp)
-        os.replace(tmp, final)
+        save_safetensors(tensors, final, metadata=meta)
 
         old = self.document(path)
         with self._conn:
@@ -272,10 +268,7 @@ class Store:
             tensors = {key: f.get_tensor(key) for key in f.keys()}
         for i, found in enumerate(sentences):
             tensors.update(_sentence_tensors(i, found))
-        tmp = final.with_suffix(f".{os.getpid()}.tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        _fsync(tmp)
-        os.replace(tmp, final)
+        save_safetensors(tensors, final, metadata=meta)
 
     def remove_document(self, path: str) -> None:
         """Drop one document: its manifest rows first (one transaction), then its KV file; unknown paths are a
@@ -453,8 +446,3 @@ def _check_compatible(path: Path, have: StoreSettings, want: StoreSettings) -> N
                 f"store {path} was built with {name}={getattr(have, name)}, not {getattr(want, name)}; "
                 f"use the same setting or another --store"
             )
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())

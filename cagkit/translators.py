@@ -36,6 +36,7 @@ from torch import nn
 
 from cagkit.alignment import align
 from cagkit.errors import TranslatorError
+from cagkit.files import save_safetensors
 from cagkit.kvcache import ChunkKV, model_device
 
 KINDS = ("mot", "projector", "linear")
@@ -376,8 +377,6 @@ class Translator:
 
     def save(self, path: Path, card: dict | None = None) -> Path:
         """Write the checkpoint (fp16 weights, fp32 statistics) and its JSON card, each atomically."""
-        from safetensors.torch import save_file
-
         card = card if card is not None else self.card
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -391,9 +390,7 @@ class Translator:
             "source_fingerprint": self.source_fingerprint,
             "target_fingerprint": self.target_fingerprint,
         }
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
+        save_safetensors(tensors, path, metadata=metadata)
         write_card(path, card)
         self.card = card
         return path

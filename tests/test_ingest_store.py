@@ -59,6 +59,18 @@ def test_ingest_stores_rope_free_kv_that_matches_a_fresh_prefill(tiny_llama, doc
         assert chunk.text[start:end].strip() == "."
 
 
+def test_store_files_are_as_readable_as_the_umask_allows(tiny_llama, docs, tmp_path):
+    # safetensors alone writes owner-only files, which another user sharing the store could not read
+    old = os.umask(0o022)
+    try:
+        _ingest(docs, tmp_path / "store")
+    finally:
+        os.umask(old)
+    kv_files = list((tmp_path / "store" / "kv").iterdir())
+    assert len(kv_files) == 2 and all(f.suffix == ".safetensors" for f in kv_files)  # no temporary file left
+    assert {oct(f.stat().st_mode & 0o777) for f in kv_files} == {"0o644"}
+
+
 def test_retrieval_finds_the_chunk_with_the_fact(tiny_llama, docs, tmp_path):
     _ingest(docs, tmp_path / "store")
     with Store.open(tmp_path / "store") as st:

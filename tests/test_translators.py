@@ -16,6 +16,7 @@ from conftest import make_tiny_gemma3, make_tiny_llama
 
 from cagkit.alignment import align
 from cagkit.errors import TranslatorError
+from cagkit.files import default_file_mode
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
 from cagkit.models import LoadedModel, register_loaded
 from cagkit.rope import RotaryTables
@@ -609,7 +610,8 @@ def test_translate_layout_and_file_round_trip(pair, tmp_path, monkeypatch, kind)
     half, _ = translator.translate(ChunkKV(kv.keys.half(), kv.values.half()), ids, offsets, TEXT, target)
     assert torch.allclose(half.keys, out.keys, atol=1e-2, rtol=1e-2)
 
-    translator.save(translator_path("tiny-src", "tiny-tgt", kind))
+    written = translator.save(translator_path("tiny-src", "tiny-tgt", kind))
+    assert written.stat().st_mode & 0o777 == default_file_mode()  # not safetensors' owner-only 0600
     loaded = load_translator("tiny-src", "src-fp", target, kind)
     again, _ = loaded.translate(kv, ids, offsets, TEXT, target)
     assert loaded.kind == kind and loaded.card == {"kind": kind}
