@@ -482,6 +482,14 @@ def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[2].split()[-8:] == ["0.500", "2.00x", "+0.250", f"({difference['low']:+.3f}", "to",
                                    f"{difference['high']:+.3f}),", "100", "q"]
+    short = _run_with_records(False, {"mot": [1.0] * 10})  # stopped early, on questions the baseline half-answered
+    short["methods"]["mot"]["examples"] = [{**r, "id": f"q{2 * i}"} for i, r in enumerate(
+        short["methods"]["mot"]["examples"])]
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(short))
+    row = compare([str(a), str(c)])[1]
+    # its quality is over its own 10 questions; the ratio and the difference over the 10 shared ones (0.5 each)
+    assert (row["n"], row["quality"], row["ratio"], row["difference"]["mean"]) == (10, 1.0, 2.0, 0.5)
     with pytest.raises(CagkitError, match="no 'projector' results; it has mot, native"):
         compare([f"{a}:projector", str(b)])
     with pytest.raises(CagkitError, match="two or more"):

@@ -185,15 +185,19 @@ def _interval(run: dict, a: str | None, b: str | None, closed_set: bool) -> str:
 def paired_difference(a: dict, b: dict, closed_set: bool) -> tuple[int, float, float, float] | None:
     """(questions, mean, low, high) of method scores `a` − `b` over the questions both answered (by id), with the
     95% paired bootstrap interval; None when they share no question."""
-    records = [{r["id"]: r for r in scores.get("examples") or []} for scores in (a, b)]
-    shared = [i for i in records[0] if i in records[1]]
-    if not shared:
+    pairs = _shared_scores(a, b, closed_set)
+    if not pairs:
         return None
+    return (len(pairs), *paired_bootstrap([x - y for x, y in pairs]))
 
+
+def _shared_scores(a: dict, b: dict, closed_set: bool) -> list[tuple[float, float]]:
+    """Per question both methods answered (by id), their two scores: F1, or 1/0 for right/wrong."""
     def score(r: dict) -> float:
         return float(r["correct"]) if closed_set else float(r["f1"])
 
-    return (len(shared), *paired_bootstrap([score(records[0][i]) - score(records[1][i]) for i in shared]))
+    records = [{r["id"]: r for r in scores.get("examples") or []} for scores in (a, b)]
+    return [(score(r), score(records[1][i])) for i, r in records[0].items() if i in records[1]]
 
 
 def _fmt_difference(difference: tuple[int, float, float, float]) -> str:
@@ -204,8 +208,8 @@ def _fmt_difference(difference: tuple[int, float, float, float]) -> str:
 def compare(specs: list[str]) -> list[dict]:
     """Compare methods across results files, question by question: each `FILE[:METHOD]` (METHOD default `mot`)
     against the first. One row each: file, method, placement, questions, quality (F1, or accuracy on closed-set
-    data), and, from the second on, its ratio to the first and the paired difference from the first over the
-    questions both answered.
+    data) over its own questions, and, from the second on, its ratio to the first and the paired difference from
+    the first, both over the questions the two answered.
 
     This is how two checkpoints, recipes or placements are told apart: the paired interval covers the questions
     (not the training run), so a difference inside it is noise. Files of other data sets are refused."""
@@ -238,8 +242,8 @@ def compare(specs: list[str]) -> list[dict]:
                 raise CagkitError(f"{path} ({method}) shares no scored question with {base_path} ({base_method}); "
                                   f"rerun `cagkit eval` over the same questions")
             row["difference"] = dict(zip(("questions", "mean", "low", "high"), difference))
-            base = rows[0]["quality"]
-            row["ratio"] = row["quality"] / base if row["quality"] is not None and base else None
+            base = sum(y for _, y in _shared_scores(scores, base_scores, closed_set)) / difference[0]
+            row["ratio"] = (base + difference[1]) / base if base else None  # over the same questions
         rows.append(row)
     return rows
 
