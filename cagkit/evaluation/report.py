@@ -177,18 +177,11 @@ def summary(runs: list[dict]) -> list[str]:
 
 def _interval(run: dict, a: str | None, b: str | None, closed_set: bool) -> str:
     """`a − b` over the questions both answered, with its 95% paired bootstrap interval; a dash without records."""
-    records = [run["methods"].get(m, {}) if m else {} for m in (a, b)]
-    difference = paired_difference(*records, closed_set)
-    return _DASH if difference is None else _fmt_difference(difference)
-
-
-def paired_difference(a: dict, b: dict, closed_set: bool) -> tuple[int, float, float, float] | None:
-    """(questions, mean, low, high) of method scores `a` − `b` over the questions both answered (by id), with the
-    95% paired bootstrap interval; None when they share no question."""
-    pairs = _shared_scores(a, b, closed_set)
+    pairs = _shared_scores(*(run["methods"].get(m, {}) if m else {} for m in (a, b)), closed_set)
     if not pairs:
-        return None
-    return (len(pairs), *paired_bootstrap([x - y for x, y in pairs]))
+        return _DASH
+    mean, low, high = paired_bootstrap([x - y for x, y in pairs])
+    return f"{mean:+.3f} ({low:+.3f} to {high:+.3f})"
 
 
 def _shared_scores(a: dict, b: dict, closed_set: bool) -> list[tuple[float, float]]:
@@ -198,11 +191,6 @@ def _shared_scores(a: dict, b: dict, closed_set: bool) -> list[tuple[float, floa
 
     records = [{r["id"]: r for r in scores.get("examples") or []} for scores in (a, b)]
     return [(score(r), score(records[1][i])) for i, r in records[0].items() if i in records[1]]
-
-
-def _fmt_difference(difference: tuple[int, float, float, float]) -> str:
-    _, mean, low, high = difference
-    return f"{mean:+.3f} ({low:+.3f} to {high:+.3f})"
 
 
 def compare(specs: list[str]) -> list[dict]:
@@ -237,13 +225,14 @@ def compare(specs: list[str]) -> list[dict]:
                "n": scores.get("n"), "quality": _quality(scores, closed_set), "ratio": None,
                "difference": None}
         if rows:
-            difference = paired_difference(scores, base_scores, closed_set)
-            if difference is None:
+            pairs = _shared_scores(scores, base_scores, closed_set)
+            if not pairs:
                 raise CagkitError(f"{path} ({method}) shares no scored question with {base_path} ({base_method}); "
                                   f"rerun `cagkit eval` over the same questions")
-            row["difference"] = dict(zip(("questions", "mean", "low", "high"), difference))
-            base = sum(y for _, y in _shared_scores(scores, base_scores, closed_set)) / difference[0]
-            row["ratio"] = (base + difference[1]) / base if base else None  # over the same questions
+            mean, low, high = paired_bootstrap([x - y for x, y in pairs])
+            row["difference"] = {"questions": len(pairs), "mean": mean, "low": low, "high": high}
+            base = sum(y for _, y in pairs) / len(pairs)
+            row["ratio"] = (base + mean) / base if base else None  # over the same questions as the difference
         rows.append(row)
     return rows
 
