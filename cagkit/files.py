@@ -10,12 +10,27 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+_PROC_STATUS = "/proc/self/status"
+
+
+def _current_umask() -> int:
+    """The process's umask. Linux reports it in /proc/self/status; elsewhere it can only be read by setting it,
+    which for a moment leaves it at 0 for every thread of the process, so that is the fallback."""
+    try:
+        with open(_PROC_STATUS, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
 
 def default_file_mode() -> int:
     """The mode a newly created file gets under the current umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+    return 0o666 & ~_current_umask()
 
 
 def save_safetensors(tensors: dict, path: Path, metadata: dict | None = None) -> Path:

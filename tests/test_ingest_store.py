@@ -71,6 +71,19 @@ def test_store_files_are_as_readable_as_the_umask_allows(tiny_llama, docs, tmp_p
     assert {oct(f.stat().st_mode & 0o777) for f in kv_files} == {"0o644"}
 
 
+@pytest.mark.parametrize("proc_status", ["/proc/self/status", "/nonexistent/status"])
+def test_default_file_mode_follows_the_umask_without_changing_it(proc_status, monkeypatch):
+    from cagkit import files
+
+    monkeypatch.setattr(files, "_PROC_STATUS", proc_status)  # Linux's report, and the fallback elsewhere
+    old = os.umask(0o027)
+    try:
+        assert files.default_file_mode() == 0o640
+        assert os.umask(0o027) == 0o027  # read, not left changed
+    finally:
+        os.umask(old)
+
+
 def test_retrieval_finds_the_chunk_with_the_fact(tiny_llama, docs, tmp_path):
     _ingest(docs, tmp_path / "store")
     with Store.open(tmp_path / "store") as st:
