@@ -89,6 +89,8 @@ def ask(
         raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
     if not question.strip():
         raise CagkitError("the question is empty; pass the question as the last argument")
+    if max_new_tokens < 1:
+        raise CagkitError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     opened = store if isinstance(store, Store) else Store.open(store)
     try:
         lm = load_model(model, device)

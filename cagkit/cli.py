@@ -179,7 +179,7 @@ def _cmd_eval(args) -> int:
     out = run_eval(data=args.data, source=args.source, target=args.target, methods=args.methods.split(","),
                    limit=args.limit, top_k=args.top_k, full_context=args.full_context, out=args.out,
                    data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store,
-                   recompute_layers=args.recompute_layers, blend=args.blend, blend_select=args.blend_select,
+                   chunk_tokens=args.chunk_tokens, recompute_layers=args.recompute_layers, blend=args.blend, blend_select=args.blend_select,
                    device=args.device)
     print(f"wrote {out}")
     return 0
@@ -347,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_placement_options(p)
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--store", default=None, help="store to ingest the documents into (default: a fresh one under results/)")
+    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
+                   help="most source tokens per chunk of that store (default: %(default)s; another size gets its "
+                        "own default store and results file, ending in -c<size>)")
     p.add_argument("--out", default=None, help="results JSON (default: results/<data>-<source>-<target>.json)")
     _add_device_option(p)
     p.set_defaults(func=_cmd_eval)

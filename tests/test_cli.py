@@ -105,7 +105,11 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--top-k", "0"], "--top-k must be at least 1"),
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--blend", "1.5"], "--blend must be a share"),
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--blend-select", "random"], "--blend-select must be one of"),
+        (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--max-new-tokens", "0"],
+         "--max-new-tokens must be at least 1"),
         (["ingest", "{tmp}/missing", "--store", "{store}", "--source", "tiny-llama"], "missing"),
+        (["ingest", "{tmp}/docs", "--store", "{tmp}/small", "--source", "tiny-llama", "--chunk-tokens", "8"],
+         "--chunk-tokens must be at least 16, got 8"),
     ],
 )
 def test_bad_input_is_one_line_with_exit_code_2(store, tmp_path, capsys, argv, expected):

@@ -158,6 +158,26 @@ def test_resume_computes_only_what_is_missing(data, tmp_path, monkeypatch):
         run_eval(limit=3, top_k=2, **args)
 
 
+def test_eval_chunk_tokens_builds_its_own_store_and_results(data, tmp_path, monkeypatch):
+    from cagkit.cli import main
+
+    monkeypatch.setattr(runner, "RESULTS_DIR", tmp_path)
+    argv = ["eval", "--data", str(data[0]), "--source", SOURCE, "--target", SOURCE, "--methods", "none,source",
+            "--limit", "1", "--max-new-tokens", "2", "--chunk-tokens", "16"]
+    assert main(argv) == 0
+    run = json.loads((tmp_path / "tiny-tiny-llama-tiny-llama-c16.json").read_text())
+    assert run["settings"]["chunk_tokens"] == 16 and "--chunk-tokens 16" in run["command"]
+    with Store.open(tmp_path / "stores" / "tiny-tiny-llama-c16") as store:
+        assert store.settings.chunk_tokens == 16
+        small = store.num_chunks()
+    # the default size keeps the plain names, so the two sizes never mix in one store or results file
+    assert main(argv[:-2]) == 0
+    default = json.loads((tmp_path / "tiny-tiny-llama-tiny-llama.json").read_text())
+    assert default["settings"]["chunk_tokens"] == 256 and "--chunk-tokens" not in default["command"]
+    with Store.open(tmp_path / "stores" / "tiny-tiny-llama") as store:
+        assert store.settings.chunk_tokens == 256 and store.num_chunks() < small
+
+
 def test_retrieval_keeps_to_the_question_s_own_documents(models, tmp_path):
     long_doc = " ".join(f"Sentence {i} is about the harbour and its ships." for i in range(30))
     examples = [Example("a", "Which ships?", ["x"], context=long_doc),

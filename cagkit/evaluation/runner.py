@@ -100,11 +100,14 @@ def run_eval(
     methods = _check_methods(methods)
     if top_k < 1:
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
+    if max_new_tokens < 1:
+        raise CagkitError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     data_format = data_format or detect_format(data)
     examples = load_examples(data, data_format, limit)
     stem = Path(data).stem
-    store_path = Path(store) if store is not None else RESULTS_DIR / "stores" / f"{stem}-{_slug(source)}"
-    out = Path(out) if out is not None else RESULTS_DIR / f"{stem}-{_slug(source)}-{_slug(target)}.json"
+    size = "" if chunk_tokens == DEFAULT_CHUNK_TOKENS else f"-c{chunk_tokens}"  # other chunk sizes get their own
+    store_path = Path(store) if store is not None else RESULTS_DIR / "stores" / f"{stem}-{_slug(source)}{size}"
+    out = Path(out) if out is not None else RESULTS_DIR / f"{stem}-{_slug(source)}-{_slug(target)}{size}.json"
 
     doc_paths = write_documents(examples, _documents_dir(store_path))
     documents = sorted({p for paths in doc_paths for p in paths})
@@ -124,7 +127,7 @@ def run_eval(
             "fingerprints": {"source": source_lm.fingerprint, "target": target_lm.fingerprint},
             "settings": settings,
             "command": _command(data, data_format, source, target, methods, limit, top_k, full_context,
-                                max_new_tokens, store, out, placement),
+                                max_new_tokens, store, out, placement, chunk_tokens),
             "ttft": "from after retrieval to the first answer token's logits",
             "device": str(target_lm.device),
             "complete": False,
@@ -154,7 +157,7 @@ def run_eval(
         # The command that reproduces the whole file: every method it holds, not only this run's.
         held = [m for m in METHODS if m in about]
         results["command"] = _command(data, data_format, source, target, held, limit, top_k, full_context,
-                                      max_new_tokens, store, out, placement)
+                                      max_new_tokens, store, out, placement, chunk_tokens)
         done = {m: {r["id"] for r in records[m]} for m in active}
 
         for number, (example, paths) in enumerate(zip(examples, doc_paths), start=1):
@@ -412,9 +415,11 @@ def _documents_dir(store: Path) -> Path:
 
 
 def _command(data, data_format, source, target, methods, limit, top_k, full_context, max_new_tokens, store,
-             out, placement: Placement = Placement()) -> str:
+             out, placement: Placement = Placement(), chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> str:
     args = ["cagkit", "eval", "--data", str(data), "--format", data_format, "--source", source, "--target", target,
             "--methods", ",".join(methods), "--top-k", str(top_k), "--max-new-tokens", str(max_new_tokens)]
+    if chunk_tokens != DEFAULT_CHUNK_TOKENS:
+        args += ["--chunk-tokens", str(chunk_tokens)]
     if limit is not None:
         args += ["--limit", str(limit)]
     if full_context:
