@@ -167,9 +167,7 @@ class LayerTranslator(nn.Module):
         h = self.trunk(torch.cat([compressed, x[:, self.source_dim:]], dim=-1))  # [N, width]
         if self.router is None:
             return y + self.experts[0](h), x.new_zeros(())
-        probs = torch.softmax(self.router(h), dim=-1)  # [N, E]
-        top_p, top_i = probs.topk(self.top_k, dim=-1)  # [N, k]
-        gates = top_p / top_p.sum(dim=-1, keepdim=True)
+        probs, top_i, gates = self.route(h)
         if self.dense_experts if self.dense_experts is not None else x.is_cuda:
             # Every expert over every row, unchosen ones weighted 0: more arithmetic, but no per-expert row lists,
             # whose sizes the GPU would have to report back to the host before each expert could run.
@@ -185,6 +183,14 @@ class LayerTranslator(nn.Module):
         share = torch.bincount(top_i.reshape(-1), minlength=len(self.experts)).float() / top_i.numel()
         balance = len(self.experts) * (share * probs.mean(dim=0)).sum()
         return y, balance
+
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The router's choice for each row of the trunk output h [N, width]: its probabilities over the experts
+        [N, E], the chosen experts [N, k] and their gates [N, k] (the chosen probabilities renormalised)."""
+        probs = torch.softmax(self.router(h), dim=-1)
+        top_p, top_i = probs.topk(self.top_k, dim=-1)
+        return probs, top_i, top_p / top_p.sum(dim=-1, keepdim=True)
 
 
 class TranslatorNet(nn.Module):
