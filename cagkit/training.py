@@ -617,7 +617,9 @@ def train_loop(net: TranslatorNet, target: LoadedModel, data: TrainingData, sett
     opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": skip, "scale": settings.skip_lr_scale}],
                             lr=settings.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(settings.seed)
-    state = {"step": 0, "wall_s": 0.0, "history": []}
+    # `running` holds the losses' moving averages (what the log and the card's final losses show); it is kept in
+    # the state so a resumed run reports what an uninterrupted one would
+    state = {"step": 0, "wall_s": 0.0, "history": [], "running": {}}
     if state_path.exists():
         saved = torch.load(state_path, weights_only=False)
         net.load_state_dict(saved["net"])
@@ -627,7 +629,7 @@ def train_loop(net: TranslatorNet, target: LoadedModel, data: TrainingData, sett
         log(f"resumed at step {state['step']}/{settings.steps}")
     tables = RotaryTables(target.model)
     net.train()
-    running: dict[str, float] = {}
+    running: dict[str, float] = state.setdefault("running", {})
     while state["step"] < settings.steps:
         started = time.time()
         step = state["step"]

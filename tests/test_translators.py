@@ -564,6 +564,29 @@ def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
     assert read_translator(tmp_path / "t.safetensors").card["steps"] == 30
 
 
+def test_an_interrupted_run_resumed_ends_as_an_uninterrupted_one(pair, corpus, tmp_path):
+    def stop_at_step_20(line):
+        if line.startswith("step 20/"):
+            raise KeyboardInterrupt  # as Ctrl-C would, after the step-10 checkpoint and before the step-20 one
+
+    settings = dict(steps=30, checkpoint_every=10)
+    with pytest.raises(KeyboardInterrupt):
+        train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(**settings),
+                         out=tmp_path / "a" / "t.safetensors", work_dir=tmp_path / "a", log=stop_at_step_20)
+    logs = []
+    resumed = read_translator(train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(**settings),
+                                               out=tmp_path / "a" / "t.safetensors", work_dir=tmp_path / "a",
+                                               log=logs.append))
+    assert "resumed at step 10/30" in logs
+    straight = read_translator(train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(**settings),
+                                                out=tmp_path / "b" / "t.safetensors", work_dir=tmp_path / "b",
+                                                log=lambda line: None))
+    for key, value in straight.net.state_dict().items():
+        torch.testing.assert_close(resumed.net.state_dict()[key], value, msg=key)
+    # the losses' moving averages are part of the saved state, so the card reports what the straight run's does
+    assert resumed.card["final_losses"] == pytest.approx(straight.card["final_losses"])
+
+
 def test_fine_tuning_starts_from_the_given_checkpoint_with_the_attention_loss(pair, corpus, tmp_path):
     logs = []
     first = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=10),
