@@ -264,6 +264,10 @@ class Chunk:
     char_end: int
 
 
+# 256 source tokens keeps a chunk, once translated, well inside Gemma 3's 512-token sliding window.
+DEFAULT_CHUNK_TOKENS = 256
+
+
 def chunk_text(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[Chunk]:
     """Split text into ordered, non-overlapping chunks of at most max_tokens tokens each.
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cagkit.documents import chunk_text, find_documents, read_document
+from cagkit.documents import DEFAULT_CHUNK_TOKENS, chunk_text, find_documents, read_document
 from cagkit.embeddings import EMBEDDER_NAME, embed_sentences, embed_with_sentences
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
 from cagkit.kvcache import prefill_kv_batch
@@ -19,8 +19,6 @@ from cagkit.models import load_model
 from cagkit.rope import RotaryTables
 from cagkit.store import DEFAULT_STORE, NewChunk, Store, StoreSettings
 
-# 256 source tokens keeps a chunk, once translated, well inside Gemma 3's 512-token sliding window.
-DEFAULT_CHUNK_TOKENS = 256
 DEFAULT_SOURCE = "smollm2"
 
 

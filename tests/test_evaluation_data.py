@@ -474,6 +474,11 @@ def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
     assert [(r["method"], r["quality"], r["ratio"]) for r in rows] == [("mot", 0.25, None), ("mot", 0.5, 2.0),
                                                                         ("native", 0.5, 2.0)]
     assert rows[0]["placement"] == "top-1, as stored" and rows[0]["difference"] is None
+    base["settings"]["chunk_tokens"] = 128
+    a.write_text(json.dumps(base))
+    assert compare([str(a), str(b)])[0]["placement"] == "top-1 of 128-token chunks, as stored"
+    base["settings"]["chunk_tokens"] = 256  # the default size goes unsaid
+    a.write_text(json.dumps(base))
     # b has no settings: written before placements were recorded, its chunks were placed as stored
     difference = rows[1]["difference"]
     assert difference["questions"] == 100 and difference["mean"] == 0.25

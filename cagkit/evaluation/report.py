@@ -41,6 +41,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cagkit.documents import DEFAULT_CHUNK_TOKENS
 from cagkit.errors import CagkitError
 from cagkit.evaluation.metrics import paired_bootstrap
 from cagkit.placement import Placement
@@ -238,8 +239,11 @@ def compare(specs: list[str]) -> list[dict]:
 
 
 def _placement_label(settings: dict) -> str:
-    """How a run placed the context: 'top-4, blend 0.15 by question', 'top-1, as stored', 'whole context, ...'."""
+    """How a run placed the context: 'top-4, blend 0.15 by question', 'top-1, as stored', 'whole context, ...';
+    a chunk size other than the default is named: 'top-8 of 128-token chunks, ...'."""
     retrieval = "whole context" if settings.get("full_context") else f"top-{settings.get('top_k', '?')}"
+    if settings.get("chunk_tokens", DEFAULT_CHUNK_TOKENS) != DEFAULT_CHUNK_TOKENS:
+        retrieval += f" of {settings['chunk_tokens']}-token chunks"
     return retrieval + (Placement.from_settings(settings).describe() or ", as stored")
 
 
