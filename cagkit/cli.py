@@ -179,8 +179,8 @@ def _cmd_eval(args) -> int:
     out = run_eval(data=args.data, source=args.source, target=args.target, methods=args.methods.split(","),
                    limit=args.limit, top_k=args.top_k, full_context=args.full_context, out=args.out,
                    data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store,
-                   chunk_tokens=args.chunk_tokens, recompute_layers=args.recompute_layers, blend=args.blend, blend_select=args.blend_select,
-                   device=args.device)
+                   chunk_tokens=args.chunk_tokens, recompute_layers=args.recompute_layers, blend=args.blend,
+                   blend_select=args.blend_select, device=args.device)
     print(f"wrote {out}")
     return 0
 

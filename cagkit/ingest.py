@@ -148,7 +148,8 @@ def _ingest_documents(
 ) -> IngestReport:
     """Prefill and store each new or changed `(key, text, metadata)`; with `keep`, remove stored documents not in it."""
     if chunk_tokens < 16:
-        raise CagkitError(f"--chunk-tokens must be at least 16, got {chunk_tokens}; the default is {DEFAULT_CHUNK_TOKENS}")
+        raise CagkitError(f"--chunk-tokens must be at least 16, got {chunk_tokens}; "
+                          f"the default is {DEFAULT_CHUNK_TOKENS}")
     lm = load_model(source, device)
     settings = StoreSettings(source=lm.name, source_fingerprint=lm.fingerprint, dtype=dtype,
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)

@@ -51,6 +51,7 @@ from cagkit.translators import (
     Translator,
     TranslatorConfig,
     TranslatorNet,
+    card_path,
     embedding_layer_kv,
     read_translator,
     source_features,

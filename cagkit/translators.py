@@ -184,7 +184,6 @@ class LayerTranslator(nn.Module):
         balance = len(self.experts) * (share * probs.mean(dim=0)).sum()
         return y, balance
 
-
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The router's choice for each row of the trunk output h [N, width]: its probabilities over the experts
         [N, E], the chosen experts [N, k] and their gates [N, k] (the chosen probabilities renormalised)."""

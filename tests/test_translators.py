@@ -249,7 +249,7 @@ def test_prefix_attention_is_the_targets_own_attention(pair, corpus, tmp_path):
     cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
     batch = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "d", log=lambda m: None).batch(
         torch.tensor([0, 5]))
-    sink, P, C = sink_ids(target), settings.prefix_tokens, settings.continuation_tokens
+    sink, P = sink_ids(target), settings.prefix_tokens
     ids = torch.cat([torch.tensor([sink] * 2), batch["ids"], batch["continuation"]], dim=1)
     implementation = target.model.config._attn_implementation
     target.model.config._attn_implementation = "eager"
@@ -551,6 +551,9 @@ def test_score_rescores_an_old_card_without_touching_the_weights(pair, corpus, t
     assert rescored["steps"] == card["steps"] and rescored["settings"] == card["settings"]
     with pytest.raises(TranslatorError, match="nowhere.safetensors does not exist"):
         score_translator(tmp_path / "nowhere.safetensors")
+    card_path(path).unlink()  # a checkpoint without its card cannot say which models it is for
+    with pytest.raises(TranslatorError, match=r"t\.json does not name the models"):
+        score_translator(path)
 
 
 def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
