@@ -1,6 +1,6 @@
 """Which chunk size retrieves the answer? Retrieval hit rate per chunk size at an equal context budget.
 
-    python benchmarks/chunking.py [--sizes 128,256,512] [--budget 1024] [--out results/chunking.json]
+    python benchmarks/chunking.py [--sizes 128,256,512] [--budget 1024] [--limit N] [--out results/chunking.json]
 
 For every answerable SQuAD v2 question (whole Wikipedia articles as documents, from `$CAGKIT_DATA`, default
 `../shared/data`), the article is chunked with the source tokenizer exactly as `cagkit ingest` does, the
@@ -30,11 +30,12 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=1024, help="context tokens: top-k = budget / chunk size")
     parser.add_argument("--source", default="smollm2")
     parser.add_argument("--data", default="eval/squad_v2/dev-v2.0.part-a.json")
+    parser.add_argument("--limit", type=int, default=None, help="the first N questions only (as `cagkit eval`)")
     parser.add_argument("--out", default="results/chunking.json")
     args = parser.parse_args()
 
     data = Path(os.environ.get("CAGKIT_DATA", "../shared/data")) / args.data
-    examples = load_examples(data)
+    examples = load_examples(data, limit=args.limit)
     lm = load_model(args.source)
     questions = embed([e.question for e in examples])  # [Q, E]
     rows = []
