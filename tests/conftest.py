@@ -12,6 +12,12 @@ from cagkit.models import LoadedModel, convert, register_loaded
 # The suite's models run on the CPU, also where there is a GPU (which `auto` would pick): tests compare against
 # CPU tensors. tests/test_device.py puts copies on CUDA itself.
 os.environ.setdefault("CAGKIT_DEVICE", "cpu")
+# One CPU thread per test process unless OMP_NUM_THREADS says otherwise: the tiny models gain nothing from more,
+# and beside a busy process PyTorch's threads wait on each other (the whole suite took 141 s with its default
+# threads and 95 s with one, next to one busy process on this 2-core machine; 90 and 92 s idle). Subprocesses
+# that tests start inherit it through the environment.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
