@@ -14,7 +14,7 @@ from cagkit.ask import MODES as ASK_MODES
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS
 from cagkit.placement import BLEND_SELECT, Placement
-from cagkit.translators import KINDS as TRANSLATOR_KINDS
+from cagkit.translators import EXPERT_INPUTS, KINDS as TRANSLATOR_KINDS
 
 DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
 keep the KV cache in a store, and answer with any target model from translated caches."""
@@ -93,7 +93,7 @@ def _cmd_translators_train(args) -> int:
                              sizes={**({"align_mode": args.align} if args.align else {}),
                                     **({"token_window": args.token_window} if args.token_window != 1 else {}),
                                     **{name: getattr(args, name) for name in ("width", "expert_hidden",
-                                                                               "num_experts", "top_k")
+                                                                               "num_experts", "top_k", "expert_inputs")
                                        if getattr(args, name) is not None}},
                              **({"lr": args.lr} if args.lr is not None else {}))
     out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
@@ -307,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="expert MLPs per layer (default: 4; mot only)")
     t.add_argument("--top-k", dest="top_k", type=int, default=None,
                    help="experts the router picks per token (default: 2; mot only)")
+    t.add_argument("--expert-inputs", dest="expert_inputs", default=None, choices=EXPERT_INPUTS,
+                   help="what each expert reads: the shared trunk (trunk, the default), or one source layer each "
+                        "plus the token identity (depth; the source window then defaults to one layer per "
+                        "expert); mot only")
     t.add_argument("--seed", type=int, default=0,
                    help="seeds the training passages, the initialisation and the batch order (default: %(default)s; "
                         "the held-out passages stay the same, so runs of other seeds compare)")

@@ -582,6 +582,8 @@ def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     config = asdict(cfg)
     if config["token_window"] == 1:  # likewise for the token window, added after them
         config.pop("token_window")
+    if config["expert_inputs"] == "trunk":  # and for what the experts read, added after that
+        config.pop("expert_inputs")
     return hashlib.sha256(json.dumps([config, shaping], sort_keys=True).encode()).hexdigest()[:10]
 
 

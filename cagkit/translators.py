@@ -8,7 +8,9 @@ values. Three kinds share one file format and one `translate` path:
   target token and the one before it), and a token-level router sends each token to its top-k of several
   expert MLPs. A low-rank linear skip from the source window carries what every token needs; it starts as the
   (rank-truncated) ridge solution and the experts start at zero, so training begins at the `linear` baseline.
-  The trunk reads the skip's compressed source window (its first factor) next to the token identity.
+  The trunk reads the skip's compressed source window (its first factor) next to the token identity. With
+  `expert_inputs="depth"` each expert instead reads one source layer of the window (expert e the e-th, modulo the
+  window) plus the token identity, and the router, still on the trunk, chooses per token which depths to draw on.
 - `projector`: the same trunk with one expert MLP and no router (baseline).
 - `linear`: one ridge-regression map per target layer from the source window alone (baseline, closed form).
 
@@ -40,6 +42,7 @@ from cagkit.files import save_safetensors
 from cagkit.kvcache import ChunkKV, model_device
 
 KINDS = ("mot", "projector", "linear")
+EXPERT_INPUTS = ("trunk", "depth")
 FORMAT_VERSION = 1
 
 
@@ -66,6 +69,10 @@ class TranslatorConfig:
     # Target positions whose aligned source features each token reads: itself and the `token_window - 1`
     # before it in the same chunk (1: the token alone, as every shipped checkpoint was trained).
     token_window: int = 1
+    # What each expert reads (mot): the shared trunk (`trunk`, as every shipped checkpoint was trained), or one
+    # source layer of the window each plus the token identity (`depth`: expert e reads layer e mod window), so
+    # the router's choice is a choice of source depth.
+    expert_inputs: str = "trunk"
 
     @property
     def target_kv_dim(self) -> int:
@@ -91,9 +98,14 @@ class TranslatorConfig:
         for name in ("width", "expert_hidden", "num_experts", "top_k"):
             if name in sizes and int(sizes[name]) < 1:
                 raise TranslatorError(f"translator {name.replace('_', ' ')} {sizes[name]} must be 1 or more")
-        if kind != "mot" and ("num_experts" in sizes or "top_k" in sizes):
-            raise TranslatorError(f"a {kind} translator has no experts to choose from; the number of experts "
-                                  f"and top-k are for --kind mot")
+        if kind != "mot" and ("num_experts" in sizes or "top_k" in sizes or "expert_inputs" in sizes):
+            raise TranslatorError(f"a {kind} translator has no experts to choose from; the number of experts, "
+                                  f"top-k and expert inputs are for --kind mot")
+        if sizes.get("expert_inputs", cls.expert_inputs) not in EXPERT_INPUTS:
+            raise TranslatorError(f"unknown expert inputs '{sizes['expert_inputs']}'; use one of "
+                                  f"{', '.join(EXPERT_INPUTS)}")
+        if sizes.get("expert_inputs") == "depth":  # one source layer per expert unless the window is given
+            sizes.setdefault("window", sizes.get("num_experts", cls.num_experts))
         if sizes.get("top_k", cls.top_k) > sizes.get("num_experts", cls.num_experts):
             raise TranslatorError(f"top-k {sizes.get('top_k', cls.top_k)} is more than the "
                                   f"{sizes.get('num_experts', cls.num_experts)} experts; give a top-k of at most "
@@ -150,8 +162,13 @@ class LayerTranslator(nn.Module):
         trunk_in = cfg.skip_rank + in_dim - source_dim
         self.trunk = nn.Sequential(nn.Linear(trunk_in, cfg.width), nn.LayerNorm(cfg.width), nn.GELU())
         self.router = nn.Linear(cfg.width, cfg.num_experts) if cfg.num_experts > 1 else None
+        # `depth`: expert e reads one source layer's block of the window (blocks are layer-major, each with the
+        # token window's lags) and the token identity; `trunk`: every expert reads the trunk.
+        self.depth_block = source_dim // cfg.window if cfg.expert_inputs == "depth" else None
+        self.window = cfg.window
+        expert_in = cfg.width if self.depth_block is None else self.depth_block + in_dim - source_dim
         self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(cfg.width, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, out_dim))
+            nn.Sequential(nn.Linear(expert_in, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, out_dim))
             for _ in range(cfg.num_experts)
         )
         for expert in self.experts:  # experts start silent: the translator starts as its skip
@@ -173,16 +190,23 @@ class LayerTranslator(nn.Module):
             # whose sizes the GPU would have to report back to the host before each expert could run.
             weights = torch.zeros_like(probs).scatter(1, top_i, gates)  # [N, E]
             for e, expert in enumerate(self.experts):
-                y = y + weights[:, e, None] * expert(h)
+                y = y + weights[:, e, None] * expert(self.expert_input(e, x, h))
         else:
             for e, expert in enumerate(self.experts):
                 rows, slot = (top_i == e).nonzero(as_tuple=True)
                 if rows.numel():
-                    y = y.index_add(0, rows, gates[rows, slot, None] * expert(h[rows]))
+                    y = y.index_add(0, rows, gates[rows, slot, None] * expert(self.expert_input(e, x[rows], h[rows])))
         # Switch-style balance: fraction of assignments per expert times its mean probability, 1.0 when uniform
         share = torch.bincount(top_i.reshape(-1), minlength=len(self.experts)).float() / top_i.numel()
         balance = len(self.experts) * (share * probs.mean(dim=0)).sum()
         return y, balance
+
+    def expert_input(self, e: int, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """What expert e reads for rows x [n, F_in] with trunk output h [n, width]."""
+        if self.depth_block is None:
+            return h
+        start = (e % self.window) * self.depth_block
+        return torch.cat([x[:, start:start + self.depth_block], x[:, self.source_dim:]], dim=-1)
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The router's choice for each row of the trunk output h [N, width]: its probabilities over the experts

@@ -141,6 +141,37 @@ def test_router_output_is_the_gated_sum_of_its_top_k_experts():
     assert uniform.item() == pytest.approx(1.0, abs=1e-5)
 
 
+def test_depth_experts_each_read_one_source_layer_and_the_tokens():
+    torch.manual_seed(0)
+    cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=2, target_layers=3, target_heads=1,
+                           target_head_dim=4, target_embed_dim=8, num_experts=4, top_k=2, window=3,
+                           expert_inputs="depth", **SIZES)
+    layer = LayerTranslator(cfg, source_dim=12, in_dim=20)  # 3 source layers of 4 features, then 8 token features
+    assert [e[0].in_features for e in layer.experts] == [4 + 8] * 4
+    for expert in layer.experts:
+        torch.nn.init.normal_(expert[-1].weight)
+    x = torch.randn(50, 20)
+    y, _ = layer(x)
+    h = layer.trunk(torch.cat([layer.skip[0](x[:, :12]), x[:, 12:]], dim=-1))
+    probs = torch.softmax(layer.router(h), dim=-1)
+    top_p, top_i = probs.topk(2, dim=-1)
+    expected = layer.skip(x[:, :12])
+    for n in range(len(x)):
+        for p, e in zip(top_p[n] / top_p[n].sum(), top_i[n]):
+            block = int(e) % 3  # expert 3 reads the first layer again
+            expected[n] += p * layer.experts[int(e)](torch.cat([x[n, 4 * block:4 * block + 4], x[n, 12:]]))
+    assert torch.allclose(y, expected, atol=1e-5)
+    layer.dense_experts = True
+    dense, _ = layer(x)
+    assert torch.allclose(dense, y, atol=1e-5)
+    # an expert's output moves with its own source layer and the tokens, not with the other layers
+    moved = x.clone()
+    moved[:, 4:8] += 1.0
+    assert torch.equal(layer.experts[0](layer.expert_input(0, moved, h)), layer.experts[0](layer.expert_input(0, x, h)))
+    assert not torch.equal(layer.experts[1](layer.expert_input(1, moved, h)),
+                           layer.experts[1](layer.expert_input(1, x, h)))
+
+
 def test_ridge_recovers_a_known_linear_map():
     torch.manual_seed(0)
     cfg = TranslatorConfig(kind="linear", source_layers=4, source_kv_dim=6, target_layers=3, target_heads=2,
@@ -713,6 +744,15 @@ def test_translator_sizes_shape_the_layers_and_bad_sizes_are_refused():
         TranslatorConfig.for_models("mot", _Shape(), _Shape(), width=0)
     with pytest.raises(TranslatorError, match="for --kind mot"):
         TranslatorConfig.for_models("projector", _Shape(), _Shape(), num_experts=4)
+    with pytest.raises(TranslatorError, match="for --kind mot"):
+        TranslatorConfig.for_models("projector", _Shape(), _Shape(), expert_inputs="depth")
+    with pytest.raises(TranslatorError, match="unknown expert inputs 'layers'; use one of trunk, depth"):
+        TranslatorConfig.for_models("mot", _Shape(), _Shape(), expert_inputs="layers")
+    # depth experts take one source layer each: the window follows the number of experts unless given
+    assert TranslatorConfig.for_models("mot", _Shape(), _Shape(), expert_inputs="depth", num_experts=2).window == 2
+    assert TranslatorConfig.for_models("mot", _Shape(), _Shape(), expert_inputs="depth", window=3).window == 3
+    assert TranslatorConfig.for_models("mot", _Shape(), _Shape(), expert_inputs="depth", num_experts=8,
+                                       top_k=2).window == 4  # no more than the source has
 
 
 def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair, corpus, tmp_path):
@@ -723,7 +763,7 @@ def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair,
     assert any(line.startswith("step 2/2") for line in logs)
     # a resumable state saved before the token window existed keeps its key: the default window is left out
     cfg, settings = TranslatorConfig.for_models("mot", *pair, **SIZES), tiny_settings()
-    before = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "token_window"}
+    before = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("token_window", "expert_inputs")}
     shaping = {k: v for k, v in dataclasses.asdict(settings).items()
                if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "attention_weight",
                             "full_vocab_kl", "heldout_prefix_tokens", "heldout_seed", "qa_data", "qa_format",
@@ -731,6 +771,21 @@ def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair,
     key = hashlib.sha256(json.dumps([before, shaping], sort_keys=True).encode()).hexdigest()[:10]
     assert _config_key(cfg, settings) == key
     assert _config_key(dataclasses.replace(cfg, token_window=2), settings) != key
+    assert _config_key(dataclasses.replace(cfg, expert_inputs="depth"), settings) != key
+
+
+def test_training_depth_experts_is_recorded_and_they_translate_chunks_as_one(pair, corpus, tmp_path):
+    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
+                            settings=tiny_settings(steps=2, sizes={**SIZES, "expert_inputs": "depth"}), log=print)
+    translator = read_translator(path)
+    assert (translator.net.cfg.expert_inputs, translator.net.cfg.window) == ("depth", 4)
+    assert translator.card["config"]["expert_inputs"] == "depth"
+    source, target = pair
+    chunks = [(*source_chunk(source, text), text) for text in (TEXT, "Short one.")]
+    for (kv, ids), chunk in zip(translator.translate_many(chunks, target), chunks):
+        alone, alone_ids = translator.translate(*chunk, target)
+        assert ids == alone_ids
+        torch.testing.assert_close(kv.keys, alone.keys, atol=1e-5, rtol=1e-5)
 
 
 def test_translated_chunk_uses_the_aligned_source_tokens(pair):
