@@ -266,6 +266,14 @@ class Chunk:
 
 # 256 source tokens keeps a chunk, once translated, well inside Gemma 3's 512-token sliding window.
 DEFAULT_CHUNK_TOKENS = 256
+MIN_CHUNK_TOKENS = 16
+
+
+def check_chunk_tokens(chunk_tokens: int) -> None:
+    """Refuse a chunk size too small to hold a sentence, before anything is written."""
+    if chunk_tokens < MIN_CHUNK_TOKENS:
+        raise CagkitError(f"--chunk-tokens must be at least {MIN_CHUNK_TOKENS}, got {chunk_tokens}; "
+                          f"the default is {DEFAULT_CHUNK_TOKENS}")
 
 
 def chunk_text(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[Chunk]:

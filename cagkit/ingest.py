@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cagkit.documents import DEFAULT_CHUNK_TOKENS, chunk_text, find_documents, read_document
+from cagkit.documents import DEFAULT_CHUNK_TOKENS, check_chunk_tokens, chunk_text, find_documents, read_document
 from cagkit.embeddings import EMBEDDER_NAME, embed_sentences, embed_with_sentences
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
 from cagkit.kvcache import prefill_kv_batch
@@ -147,9 +147,7 @@ def _ingest_documents(
     wait: bool = False,
 ) -> IngestReport:
     """Prefill and store each new or changed `(key, text, metadata)`; with `keep`, remove stored documents not in it."""
-    if chunk_tokens < 16:
-        raise CagkitError(f"--chunk-tokens must be at least 16, got {chunk_tokens}; "
-                          f"the default is {DEFAULT_CHUNK_TOKENS}")
+    check_chunk_tokens(chunk_tokens)
     lm = load_model(source, device)
     settings = StoreSettings(source=lm.name, source_fingerprint=lm.fingerprint, dtype=dtype,
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)

@@ -176,6 +176,9 @@ def test_eval_chunk_tokens_builds_its_own_store_and_results(data, tmp_path, monk
     assert default["settings"]["chunk_tokens"] == 256 and "--chunk-tokens" not in default["command"]
     with Store.open(tmp_path / "stores" / "tiny-tiny-llama") as store:
         assert store.settings.chunk_tokens == 256 and store.num_chunks() < small
+    # a size too small is refused before anything is written
+    assert main(argv[:-1] + ["8"]) == 2
+    assert not list((tmp_path / "stores").glob("*-c8*"))
 
 
 def test_retrieval_keeps_to_the_question_s_own_documents(models, tmp_path):

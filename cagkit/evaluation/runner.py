@@ -40,6 +40,7 @@ from cagkit.ask import answer_from_chunks, build_context_cache
 from cagkit.embeddings import embed_query
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
+from cagkit.documents import check_chunk_tokens
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest import DEFAULT_CHUNK_TOKENS, ingest
 from cagkit.kvcache import model_device, synchronize
@@ -102,6 +103,7 @@ def run_eval(
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
     if max_new_tokens < 1:
         raise CagkitError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    check_chunk_tokens(chunk_tokens)  # before the documents are written out for the store
     data_format = data_format or detect_format(data)
     examples = load_examples(data, data_format, limit)
     stem = Path(data).stem
