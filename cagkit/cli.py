@@ -92,7 +92,7 @@ def _cmd_translators_train(args) -> int:
                              qa_fraction=args.qa_fraction if args.qa_fraction is not None else 0.5 if args.qa else 0.0,
                              sizes={**({"align_mode": args.align} if args.align else {}),
                                     **({"token_window": args.token_window} if args.token_window != 1 else {}),
-                                    **{name: getattr(args, name) for name in ("width", "expert_hidden",
+                                    **{name: getattr(args, name) for name in ("window", "width", "expert_hidden",
                                                                                "num_experts", "top_k", "expert_inputs")
                                        if getattr(args, name) is not None}},
                              **({"lr": args.lr} if args.lr is not None else {}))
@@ -299,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--token-window", type=int, default=1,
                    help="target positions whose source features each token reads: itself and the N-1 before it "
                         "in its chunk (default: %(default)s, the token alone)")
+    t.add_argument("--window", type=int, default=None,
+                   help="source layers each target layer reads, centred on the one matched by depth (default: 3, "
+                        "or one per expert with --expert-inputs depth)")
     t.add_argument("--width", type=int, default=None,
                    help="trunk width of each layer's translator (default: 160; mot and projector)")
     t.add_argument("--expert-hidden", type=int, default=None,

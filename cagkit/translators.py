@@ -95,7 +95,7 @@ class TranslatorConfig:
             raise TranslatorError(f"unknown translator kind '{kind}'; use one of {', '.join(KINDS)}")
         if int(sizes.get("token_window", cls.token_window)) < 1:
             raise TranslatorError(f"token window {sizes['token_window']} must be 1 (the token alone) or more")
-        for name in ("width", "expert_hidden", "num_experts", "top_k"):
+        for name in ("window", "width", "expert_hidden", "num_experts", "top_k"):
             if name in sizes and int(sizes[name]) < 1:
                 raise TranslatorError(f"translator {name.replace('_', ' ')} {sizes[name]} must be 1 or more")
         if kind != "mot" and ("num_experts" in sizes or "top_k" in sizes or "expert_inputs" in sizes):

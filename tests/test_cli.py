@@ -231,7 +231,8 @@ def test_translators_train_passes_the_question_answer_options(monkeypatch, tmp_p
                                          (["--width", "320", "--expert-hidden", "256", "--experts", "8",
                                            "--top-k", "1"],
                                           {"width": 320, "expert_hidden": 256, "num_experts": 8, "top_k": 1}),
-                                         (["--expert-inputs", "depth"], {"expert_inputs": "depth"})])
+                                         (["--expert-inputs", "depth", "--window", "5"],
+                                          {"expert_inputs": "depth", "window": 5})])
 def test_translators_train_passes_the_alignment_mode_and_token_window(monkeypatch, tmp_path, flag, sizes):
     import cagkit.training as training
 

@@ -742,6 +742,9 @@ def test_translator_sizes_shape_the_layers_and_bad_sizes_are_refused():
         TranslatorConfig.for_models("mot", _Shape(), _Shape(), top_k=5)
     with pytest.raises(TranslatorError, match="translator width 0 must be 1 or more"):
         TranslatorConfig.for_models("mot", _Shape(), _Shape(), width=0)
+    with pytest.raises(TranslatorError, match="translator window 0 must be 1 or more"):
+        TranslatorConfig.for_models("projector", _Shape(), _Shape(), window=0)
+    assert TranslatorNet(TranslatorConfig.for_models("projector", _Shape(), _Shape(), window=2)).windows.shape == (3, 2)
     with pytest.raises(TranslatorError, match="for --kind mot"):
         TranslatorConfig.for_models("projector", _Shape(), _Shape(), num_experts=4)
     with pytest.raises(TranslatorError, match="for --kind mot"):
