@@ -112,6 +112,18 @@ def test_embedding_layer_kv_equals_a_native_prefill(pair):
         assert torch.allclose(values, native.values[0], atol=1e-5)
 
 
+def _gated_sum(layer, x, expert_input):
+    """The output of a 4-expert, top-2 `layer` on x [N, 12 source + 8 token features], written out row by row:
+    its skip plus each chosen expert's output on `expert_input(e, n, h)` (h: the trunk output), gated."""
+    h = layer.trunk(torch.cat([layer.skip[0](x[:, :12]), x[:, 12:]], dim=-1))
+    top_p, top_i = torch.softmax(layer.router(h), dim=-1).topk(2, dim=-1)
+    expected = layer.skip(x[:, :12])
+    for n in range(len(x)):
+        for p, e in zip(top_p[n] / top_p[n].sum(), top_i[n]):
+            expected[n] += p * layer.experts[int(e)](expert_input(int(e), n, h))
+    return expected
+
+
 def test_router_output_is_the_gated_sum_of_its_top_k_experts():
     torch.manual_seed(0)
     cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=8, target_layers=3, target_heads=1,
@@ -121,14 +133,7 @@ def test_router_output_is_the_gated_sum_of_its_top_k_experts():
         torch.nn.init.normal_(expert[-1].weight)
     x = torch.randn(50, 20)
     y, balance = layer(x)
-    h = layer.trunk(torch.cat([layer.skip[0](x[:, :12]), x[:, 12:]], dim=-1))
-    probs = torch.softmax(layer.router(h), dim=-1)
-    top_p, top_i = probs.topk(2, dim=-1)
-    expected = layer.skip(x[:, :12])
-    for n in range(len(x)):
-        for p, e in zip(top_p[n] / top_p[n].sum(), top_i[n]):
-            expected[n] += p * layer.experts[int(e)](h[n])
-    assert torch.allclose(y, expected, atol=1e-5)
+    assert torch.allclose(y, _gated_sum(layer, x, lambda e, n, h: h[n]), atol=1e-5)
     assert 1.0 <= balance.item() <= 4.0  # 1 when balanced, E when one expert takes everything
     layer.dense_experts = True  # every expert on every row (the GPU's way) gives the same output and balance
     dense, dense_balance = layer(x)
@@ -152,15 +157,10 @@ def test_depth_experts_each_read_one_source_layer_and_the_tokens():
         torch.nn.init.normal_(expert[-1].weight)
     x = torch.randn(50, 20)
     y, _ = layer(x)
-    h = layer.trunk(torch.cat([layer.skip[0](x[:, :12]), x[:, 12:]], dim=-1))
-    probs = torch.softmax(layer.router(h), dim=-1)
-    top_p, top_i = probs.topk(2, dim=-1)
-    expected = layer.skip(x[:, :12])
-    for n in range(len(x)):
-        for p, e in zip(top_p[n] / top_p[n].sum(), top_i[n]):
-            block = int(e) % 3  # expert 3 reads the first layer again
-            expected[n] += p * layer.experts[int(e)](torch.cat([x[n, 4 * block:4 * block + 4], x[n, 12:]]))
+    # expert e reads source layer e % 3 (expert 3 the first again) and the token features
+    expected = _gated_sum(layer, x, lambda e, n, h: torch.cat([x[n, 4 * (e % 3):4 * (e % 3) + 4], x[n, 12:]]))
     assert torch.allclose(y, expected, atol=1e-5)
+    h = layer.trunk(torch.cat([layer.skip[0](x[:, :12]), x[:, 12:]], dim=-1))
     layer.dense_experts = True
     dense, _ = layer(x)
     assert torch.allclose(dense, y, atol=1e-5)
