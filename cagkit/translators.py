@@ -195,16 +195,18 @@ class LayerTranslator(nn.Module):
             for e, expert in enumerate(self.experts):
                 rows, slot = (top_i == e).nonzero(as_tuple=True)
                 if rows.numel():
-                    y = y.index_add(0, rows, gates[rows, slot, None] * expert(self.expert_input(e, x[rows], h[rows])))
+                    y = y.index_add(0, rows, gates[rows, slot, None] * expert(self.expert_input(e, x, h, rows)))
         # Switch-style balance: fraction of assignments per expert times its mean probability, 1.0 when uniform
         share = torch.bincount(top_i.reshape(-1), minlength=len(self.experts)).float() / top_i.numel()
         balance = len(self.experts) * (share * probs.mean(dim=0)).sum()
         return y, balance
 
-    def expert_input(self, e: int, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """What expert e reads for rows x [n, F_in] with trunk output h [n, width]."""
+    def expert_input(self, e: int, x: torch.Tensor, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """What expert e reads, given the features x [N, F_in] and the trunk output h [N, width]: for every row, or
+        for `rows` only (only what the expert reads is gathered)."""
         if self.depth_block is None:
-            return h
+            return h if rows is None else h[rows]
+        x = x if rows is None else x[rows]
         start = (e % self.window) * self.depth_block
         return torch.cat([x[:, start:start + self.depth_block], x[:, self.source_dim:]], dim=-1)
 

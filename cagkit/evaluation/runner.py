@@ -38,9 +38,9 @@ import torch
 
 from cagkit.ask import answer_from_chunks, build_context_cache
 from cagkit.embeddings import embed_query
+from cagkit.documents import check_chunk_tokens
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
-from cagkit.documents import check_chunk_tokens
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest import DEFAULT_CHUNK_TOKENS, ingest
 from cagkit.kvcache import model_device, synchronize
