@@ -381,7 +381,7 @@ def test_report_tables_and_plots(tmp_path):
     write_report(fake_results(tmp_path), out_md, plots, note="Measured on a test machine.")
     text = out_md.read_text()
     assert text.startswith("# cagkit eval results\n\nMeasured on a test machine.\n\n")
-    assert ("| method | F1 | EM | recovery vs native | median TTFT ms | median translate ms "
+    assert ("| method | F1 | EM | recovery vs native | median TTFT ms | median translate + repair ms "
             "| KV bytes / context token | n |") in text
     assert "| native | 0.310 | 0.200 | 100% | 812 | 0.0 | 36,864 | 50 |" in text
     assert "| mot | 0.250 | 0.125 | 81% | 95 | 12.2 | 36,864 | 50 |" in text

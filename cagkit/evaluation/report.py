@@ -18,7 +18,8 @@ Each method (any may be missing) maps to:
     closed-set: "accuracy"              mean over examples, 0..1 (instead of f1/exact_match)
     "recovery"             quality / native's quality; null when native is missing
     "ttft_ms_median"       median time to first token, milliseconds
-    "translate_ms_median"  median cache translation time, milliseconds (0 for native)
+    "translate_ms_median"  median time to make the placed cache, milliseconds: translation plus the repair
+                           (recomputed bottom layers, blend); 0 for native, the repair alone for the source
     "kv_bytes_per_token"   bytes of KV cache stored per context token
     "n"                    number of examples scored
     "translator"           linear/projector/mot with another target: sha256[:16] of the checkpoint used; a
@@ -259,7 +260,7 @@ def _section(run: dict) -> list[str]:
     closed_set = _is_closed_set(run)
     quality_columns = ["accuracy"] if closed_set else ["F1", "EM"]
     header = ["method", *quality_columns, "recovery vs native", "median TTFT ms",
-              "median translate ms", "KV bytes / context token", "n"]
+              "median translate + repair ms", "KV bytes / context token", "n"]
     lines = [f"## {_label(run)}", ""]
     if run.get("settings"):
         inert = Placement.from_settings(run["settings"]).inert_fields()
