@@ -148,7 +148,7 @@ class ContextCache:
     pending_ids: list[int]  # the question suffix; in native mode the whole prompt, prefilled in one pass
     context_tokens: int
     loaded_at: float  # perf_counter time the chunks were loaded (native: tokenised)
-    translate_s: float
+    translate_s: float  # translation plus the repair (recomputed bottom layers, blend); 0 in native mode
     mode: str  # the mode used: "reuse" when the target is the store's source model
 
 
@@ -160,7 +160,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     Native mode leaves the cache empty and the whole prompt pending, as a target without cagkit would read it.
     `placement.recompute_layers` (translated modes only) replaces the bottom layers of each translated chunk with
     the target's own partial prefill of the chunk; `placement.blend` then repairs cross-chunk attention (every
-    mode but native). Their time counts as translation.
+    mode but native). Their time counts in `translate_s`, which `ask` prints as "translate + repair".
     """
     placement.check(lm)
     recompute_layers = placement.recompute_layers
