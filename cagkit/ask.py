@@ -130,6 +130,7 @@ def answer_from_chunks(
         "retrieve_ms": (retrieved - started) * 1e3,
         "load_ms": (context.loaded_at - retrieved) * 1e3,
         "translate_ms": context.translate_s * 1e3,
+        "repair_ms": context.repair_s * 1e3,
         "prefill_ms": (gen.first_token_at - context.loaded_at - context.translate_s) * 1e3,
         "ttft_ms": (gen.first_token_at - started) * 1e3,
         "total_ms": (end - started) * 1e3,
@@ -150,6 +151,7 @@ class ContextCache:
     loaded_at: float  # perf_counter time the chunks were loaded (native: tokenised)
     translate_s: float  # translation plus the repair (recomputed bottom layers, blend); 0 in native mode
     mode: str  # the mode used: "reuse" when the target is the store's source model
+    repair_s: float = 0.0  # the repair's part of `translate_s`
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
@@ -160,7 +162,8 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     Native mode leaves the cache empty and the whole prompt pending, as a target without cagkit would read it.
     `placement.recompute_layers` (translated modes only) replaces the bottom layers of each translated chunk with
     the target's own partial prefill of the chunk; `placement.blend` then repairs cross-chunk attention (every
-    mode but native). Their time counts in `translate_s`, which `ask` prints as "translate + repair".
+    mode but native). Their time counts in `translate_s` (from the chunks' loading to the placed cache) and, apart,
+    in `repair_s`; `ask` prints the two parts as "translate" and "repair".
     """
     placement.check(lm)
     recompute_layers = placement.recompute_layers
@@ -180,9 +183,11 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         kvs = [chunk_alone_kv(lm, c.text) for c in stored]
     else:
         kvs, ids = _target_kv(lm, store, stored, mode)
+    tables = RotaryTables(lm.model)
+    synchronize(lm.device)
+    translated_at = time.perf_counter()
     if 0 < recompute_layers < lm.num_layers and mode != "oracle" and not _same_model(lm, store):
         kvs = [_recompute_bottom(lm, c.text, kv, recompute_layers) for c, kv in zip(stored, kvs)]
-    tables = RotaryTables(lm.model)
     if placement.blend:
         priority = None
         if placement.blend_select == "question":
@@ -190,11 +195,12 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
             priority = question_priority(embed_query(question), _sentences(stored), offsets)
         kvs = blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
     synchronize(lm.device)
-    translate_s = time.perf_counter() - loaded_at
+    repaired_at = time.perf_counter()
     cache = prefix_cache(lm.model, prefix_ids)
     place_chunks(lm.model, cache, kvs, tables)
     used = "reuse" if _same_model(lm, store) and mode != "oracle" else mode
-    return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, translate_s, used)
+    return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, repaired_at - loaded_at, used,
+                        repaired_at - translated_at)
 
 
 def sink_ids(lm: LoadedModel) -> list[int]:

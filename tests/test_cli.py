@@ -36,8 +36,8 @@ def test_ask_json_prints_one_object_on_the_last_line(store, capsys):
                  "--top-k", "1", "--max-new-tokens", "5", "--json"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
-    assert set(result["timings"]) == {"retrieve_ms", "load_ms", "translate_ms", "prefill_ms", "ttft_ms", "total_ms",
-                                      "tokens_per_s"}
+    assert set(result["timings"]) == {"retrieve_ms", "load_ms", "translate_ms", "repair_ms", "prefill_ms", "ttft_ms",
+                                      "total_ms", "tokens_per_s"}
     assert result["model"] == "tiny-llama" and result["mode"] == "reuse"
     assert result["sources"][0]["document"].endswith("notes.md")
     # the same call through the library gives the same (greedy) answer
@@ -52,6 +52,34 @@ def test_ask_streams_the_answer_then_sources_and_timings(store, capsys):
                  "--max-new-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "sources:" in out and "notes.md" in out and "first token" in out
+
+
+def test_ask_times_the_repair_apart_within_the_placement(store, capsys, monkeypatch):
+    import importlib
+    import time
+
+    ask_module = importlib.import_module("cagkit.ask")
+
+    def slowed(real):  # 0.3 s more for the translation and for the repair, so each part is seen in its own time
+        def slow(*args, **kwargs):
+            time.sleep(0.3)
+            return real(*args, **kwargs)
+        return slow
+
+    monkeypatch.setattr(ask_module, "_target_kv", slowed(ask_module._target_kv))
+    monkeypatch.setattr(ask_module, "blend_chunks", slowed(ask_module.blend_chunks))
+    base = ["ask", "Where can a chunk be placed?", "--store", str(store), "--model", "tiny-llama",
+            "--max-new-tokens", "2"]
+    for blend, repaired in (("0.5", True), ("0", False)):
+        capsys.readouterr()
+        assert main(base + ["--blend", blend, "--json"]) == 0
+        timings = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["timings"]
+        assert (timings["repair_ms"] >= 300) == repaired, (blend, timings)
+        assert timings["translate_ms"] - timings["repair_ms"] >= 300, (blend, timings)
+        assert timings["translate_ms"] <= timings["ttft_ms"]
+    assert main(base + ["--blend", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert " translate " in out and " repair " in out
 
 
 def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):

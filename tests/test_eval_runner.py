@@ -204,12 +204,16 @@ def test_retrieval_keeps_to_the_question_s_own_documents(models, tmp_path):
 def test_summary_scores_recovery_and_medians():
     native = [{"id": "1", "f1": 1.0, "exact_match": 1.0, "ttft_ms": 10.0, "translate_ms": 0.0, "context_tokens": 8},
               {"id": "2", "f1": 0.5, "exact_match": 0.0, "ttft_ms": 30.0, "translate_ms": 0.0, "context_tokens": 4}]
-    method = [{"id": "1", "f1": 0.5, "exact_match": 0.0, "ttft_ms": 5.0, "translate_ms": 2.0, "context_tokens": 8},
-              {"id": "2", "f1": 0.25, "exact_match": 0.0, "ttft_ms": 7.0, "translate_ms": 4.0, "context_tokens": 4}]
+    method = [{"id": "1", "f1": 0.5, "exact_match": 0.0, "ttft_ms": 5.0, "translate_ms": 2.0, "repair_ms": 1.0,
+               "context_tokens": 8},
+              {"id": "2", "f1": 0.25, "exact_match": 0.0, "ttft_ms": 7.0, "translate_ms": 4.0, "repair_ms": 2.0,
+               "context_tokens": 4}]
     summary = summarize(method, native)
     assert summary["f1"] == 0.375 and summary["exact_match"] == 0.0 and "accuracy" not in summary
     assert summary["recovery"] == pytest.approx(0.5)
     assert summary["ttft_ms_median"] == 6.0 and summary["translate_ms_median"] == 3.0 and summary["n"] == 2
+    assert summary["repair_ms_median"] == 1.5
+    assert summarize(native, None)["repair_ms_median"] is None  # records of files written before it was timed
     closed = [{"id": "1", "correct": True, "ttft_ms": 1.0, "translate_ms": 0.0, "context_tokens": 1},
               {"id": "2", "correct": False, "ttft_ms": 1.0, "translate_ms": 0.0, "context_tokens": 1}]
     assert summarize(closed, closed)["accuracy"] == 0.5 and summarize(closed, closed)["recovery"] == 1.0

@@ -20,6 +20,8 @@ Each method (any may be missing) maps to:
     "ttft_ms_median"       median time to first token, milliseconds
     "translate_ms_median"  median time to make the placed cache, milliseconds: translation plus the repair
                            (recomputed bottom layers, blend); 0 for native, the repair alone for the source
+    "repair_ms_median"     median time of the repair alone (part of the above); null in files written before
+                           it was recorded (2026-12-02)
     "kv_bytes_per_token"   bytes of KV cache stored per context token
     "n"                    number of examples scored
     "translator"           linear/projector/mot with another target: sha256[:16] of the checkpoint used; a

@@ -235,6 +235,7 @@ def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Ex
         "exact_match": exact_match(answer.answer, example.answers),
         "ttft_ms": answer.timings["ttft_ms"],
         "translate_ms": answer.timings["translate_ms"],
+        "repair_ms": answer.timings["repair_ms"],
         "context_tokens": answer.context_tokens,
     }
 
@@ -253,6 +254,7 @@ def _closed_set_record(lm: LoadedModel, store: Store, hits: list[Hit], example: 
         "choice_scores": scores,
         "ttft_ms": (first_token_at - started) * 1e3,
         "translate_ms": context.translate_s * 1e3,
+        "repair_ms": context.repair_s * 1e3,
         "context_tokens": context.context_tokens,
     }
 
@@ -314,6 +316,8 @@ def summarize(records: list[dict], native: list[dict] | None) -> dict:
     summary["recovery"] = _recovery(records, native)
     summary["ttft_ms_median"] = median(r["ttft_ms"] for r in records) if records else None
     summary["translate_ms_median"] = median(r["translate_ms"] for r in records) if records else None
+    repairs = [r["repair_ms"] for r in records if "repair_ms" in r]  # records written before 2026-12-02 lack it
+    summary["repair_ms_median"] = median(repairs) if repairs else None
     summary["context_tokens_mean"] = mean(r["context_tokens"] for r in records) if records else None
     summary["examples"] = records
     return summary
