@@ -293,10 +293,18 @@ class TranslatorNet(nn.Module):
 
 
 def source_features(source_kv: ChunkKV, weights: torch.Tensor) -> torch.Tensor:
-    """Source K|V gathered at target tokens. weights: [Tt, Ts] from `align` -> [Tt, Ls, 2 * Hs * Ds] float32."""
+    """Source K|V gathered at target tokens. weights: [Tt, Ts] from `align` -> [Tt, Ls, 2 * Hs * Ds] float32.
+
+    The weights are sparse (one source token per target token with `cover`, a few with `overlap`), so the
+    weighted sum runs over their nonzero entries only: a gather, not a dense [Tt, Ts] product.
+    """
     keys, values = source_kv.keys.float(), source_kv.values.float()  # [Ls, Ts, Hs, Ds]
-    kv = torch.cat([keys.flatten(2), values.flatten(2)], dim=-1)  # [Ls, Ts, 2F]
-    return torch.einsum("ts,lsf->tlf", weights, kv)
+    kv = torch.cat([keys.flatten(2), values.flatten(2)], dim=-1).transpose(0, 1)  # [Ts, Ls, 2F]
+    rows, cols = weights.nonzero(as_tuple=True)
+    if len(rows) == len(weights) and bool((weights[rows, cols] == 1).all()):  # one source token each, weight 1
+        return kv[cols].contiguous()
+    gathered = kv[cols] * weights[rows, cols][:, None, None]  # [nnz, Ls, 2F]
+    return torch.zeros(len(weights), *kv.shape[1:], device=kv.device).index_add_(0, rows, gathered)
 
 
 def token_features(target_model, ids: torch.Tensor) -> torch.Tensor:
@@ -368,7 +376,8 @@ class Translator:
                 f"with fingerprint {target.fingerprint}; load the translator for this model with load_translator"
             )
         device = model_device(target.model)
-        self.net.to(device)  # a no-op once it is there
+        if self.net.source_mean.device != device:  # `.to` walks every module even when nothing moves
+            self.net.to(device)
         cfg = self.cfg
         all_ids, sources, tokens = [], [], []
         for source_kv, source_token_ids, source_offsets, text in chunks:
@@ -516,8 +525,10 @@ def read_translator(path: Path) -> Translator:
             f"translator {path} has format version {meta.get('format_version')}, this cagkit reads "
             f"{FORMAT_VERSION}; retrain it with `cagkit translators train`"
         )
-    net = TranslatorNet(TranslatorConfig(**json.loads(meta["config"])))
-    net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+    with torch.device("meta"):  # no random initialisation of weights the checkpoint replaces at once
+        net = TranslatorNet(TranslatorConfig(**json.loads(meta["config"])))
+    # strict: a tensor missing from the file is an error, so none is left on the meta device
+    net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, assign=True)
     card = json.loads(card_path(path).read_text()) if card_path(path).exists() else {}
     return Translator(net, meta["source_fingerprint"], meta["target_fingerprint"], card)
 

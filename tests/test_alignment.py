@@ -81,3 +81,24 @@ def test_real_tokenizer_aligned_with_itself_is_the_identity(real_tokenizers):
         offsets = _offsets(real_tokenizers[alias], "The quick brown fox jumps over the lazy dog.")
         for mode in ("cover", "overlap"):
             assert torch.equal(align(offsets, offsets, mode), torch.eye(len(offsets))), (alias, mode)
+
+
+@pytest.mark.parametrize("mode", ["cover", "overlap"])
+def test_source_features_gather_is_the_weighted_sum(mode):
+    """The gather over the alignment's nonzero weights gives the dense weighted sum of every source token."""
+    from cagkit.kvcache import ChunkKV
+    from cagkit.translators import source_features
+
+    source = torch.tensor([(0, 3), (3, 7), (7, 8), (8, 12), (12, 12), (12, 15)])
+    target = torch.tensor([(0, 2), (2, 5), (5, 8), (8, 8), (8, 15)])
+    weights = align(source, target, mode)
+    assert (mode == "overlap") == bool(((weights > 0) & (weights < 1)).any())  # overlap has shared tokens here
+    torch.manual_seed(0)
+    kv = ChunkKV(torch.randn(4, len(source), 2, 8).half(), torch.randn(4, len(source), 2, 8).half())
+    dense = torch.einsum("ts,lsf->tlf", weights,
+                         torch.cat([kv.keys.float().flatten(2), kv.values.float().flatten(2)], dim=-1))
+    gathered = source_features(kv, weights)
+    assert gathered.shape == (len(target), 4, 32)
+    assert torch.allclose(gathered, dense, atol=1e-6)
+    empty = source_features(kv, torch.zeros(0, len(source)))
+    assert empty.shape == (0, 4, 32)
