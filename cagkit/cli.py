@@ -419,6 +419,29 @@ def _set_threads(args) -> None:
     torch.set_num_threads(given)
 
 
+# glibc keeps this much free memory at the top of its heap instead of handing it back to the kernel.
+_TOP_PAD = 1 << 30
+
+
+def _keep_freed_memory() -> None:
+    """Let glibc reuse freed tensor memory instead of returning it to the kernel and faulting it in again.
+
+    Translation and prefill allocate and free tens of MB per layer; by default glibc serves such blocks from
+    fresh pages each time, and touching them costs more than the arithmetic (a fresh `cagkit ask` on gemma
+    spent 1.2 s translating 777 tokens, 0.35 s with this). A top pad of 1 GiB keeps up to that much freed
+    memory in the process. `MALLOC_TOP_PAD_` in the environment (0 turns it off) takes precedence. Only the
+    CLI does this: a program that imports cagkit keeps its own allocator settings.
+    """
+    if not sys.platform.startswith("linux") or "MALLOC_TOP_PAD_" in os.environ:
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(-2, _TOP_PAD)  # M_TOP_PAD; musl's mallopt does nothing, other libcs lack it
+    except (OSError, AttributeError):
+        pass
+
+
 def _quiet_libraries() -> None:
     """Keep the terminal for cagkit's own output: the CLI reports skipped documents itself."""
     from transformers.utils import logging as hf_logging
@@ -433,6 +456,7 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _keep_freed_memory()
     _quiet_libraries()
     try:
         if hasattr(args, "device"):  # the commands that run models

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -247,7 +248,11 @@ class TranslatorNet(nn.Module):
         before it, never across a chunk start: `starts` [B, T] marks the first token of each chunk (default: each
         row is one chunk); before a start the features are 0, the training mean.
         """
-        z = (source - self.source_mean) / self.source_std  # [B, T, Ls, 2Fs]
+        return list(self._source_inputs(source, starts))
+
+    def _source_inputs(self, source: torch.Tensor, starts: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+        """`source_inputs` one layer at a time, so each layer's features can be freed before the next are made."""
+        z = (source - self.source_mean).div_(self.source_std)  # [B, T, Ls, 2Fs]
         if self.cfg.token_window > 1:
             if starts is None:
                 starts = torch.zeros(z.shape[:2], dtype=torch.bool, device=z.device)
@@ -263,16 +268,18 @@ class TranslatorNet(nn.Module):
             z = torch.stack(shifted, dim=-2)  # [B, T, Ls, W, 2Fs]
             z = z.flatten(-2)  # [B, T, Ls, W * 2Fs]
         z = z.reshape(-1, *z.shape[2:])  # [N, Ls, F]
-        return [z[:, window].reshape(z.shape[0], -1) for window in self.windows]
+        for window in self.windows:
+            yield z[:, window].reshape(z.shape[0], -1)
 
     def layer_inputs(self, source: torch.Tensor, tokens: torch.Tensor | None,
-                     starts: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Per translated layer, its input features [N, F_in]: the source window, then token identity."""
-        inputs = self.source_inputs(source, starts)
+                     starts: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+        """Per translated layer in turn, its input features [N, F_in]: the source window, then token identity."""
         if self.token_proj is None:
-            return inputs
-        tok = self.token_proj(tokens.reshape(inputs[0].shape[0], -1))  # [N, token_dim]
-        return [torch.cat([x, tok], dim=-1) for x in inputs]
+            yield from self._source_inputs(source, starts)
+            return
+        tok = self.token_proj(tokens.reshape(-1, tokens.shape[-1]))  # [N, token_dim]
+        for x in self._source_inputs(source, starts):
+            yield torch.cat([x, tok], dim=-1)
 
     def forward(self, source: torch.Tensor, tokens: torch.Tensor | None,
                 starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

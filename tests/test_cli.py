@@ -303,3 +303,25 @@ def test_threads_come_from_the_flag_then_the_environment(monkeypatch, tmp_path, 
         assert len(seen) == 4  # neither bad value ran the command
     finally:
         torch.set_num_threads(before)
+
+
+def test_cli_keeps_freed_memory_unless_the_environment_sets_it(monkeypatch):
+    import ctypes
+
+    from cagkit import cli
+
+    calls = []
+
+    class Libc:
+        def mallopt(self, option, value):
+            calls.append((option, value))
+            return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.setattr(cli.sys, "platform", "linux")
+    monkeypatch.delenv("MALLOC_TOP_PAD_", raising=False)
+    cli._keep_freed_memory()
+    assert calls == [(-2, 1 << 30)]  # M_TOP_PAD, 1 GiB
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "0")  # the user's setting wins: glibc has read it already
+    cli._keep_freed_memory()
+    assert calls == [(-2, 1 << 30)]
