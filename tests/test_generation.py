@@ -55,6 +55,27 @@ def test_end_of_turn_token_stops_a_chat_model(smollm2_tokenizer):
     assert generate(lm, None, [1], max_new_tokens=50).text == "Yes."
 
 
+def test_stop_ids_find_what_the_whole_vocabulary_has(real_tokenizers):
+    """Looked up one by one (get_vocab() copies the whole vocabulary, 0.4 s for gemma's), the end-of-turn tokens
+    are those the vocabulary holds, for each real tokenizer and for one without a fast backend."""
+    from cagkit.generation import _END_OF_TURN
+
+    class VocabOnly:  # a tokenizer that only offers get_vocab()
+        def __init__(self, tok):
+            self.eos_token_id, self.get_vocab = tok.eos_token_id, tok.get_vocab
+
+    for alias, tok in real_tokenizers.items():
+        vocab = tok.get_vocab()
+        expected = {vocab[t] for t in _END_OF_TURN if t in vocab} | {tok.eos_token_id}
+        assert len(expected) >= 2, (alias, expected)  # an end-of-turn token beside EOS
+        for tokenizer in (tok, VocabOnly(tok)):
+            lm = SimpleNamespace(tokenizer=tokenizer, model=SimpleNamespace(
+                generation_config=SimpleNamespace(eos_token_id=None)))
+            assert stop_ids(lm) == expected, alias
+    assert 106 in stop_ids(SimpleNamespace(tokenizer=real_tokenizers["gemma"], model=SimpleNamespace(
+        generation_config=SimpleNamespace(eos_token_id=None))))  # gemma's <end_of_turn>
+
+
 def test_max_new_tokens_bounds_the_answer(smollm2_tokenizer):
     lm = _scripted(smollm2_tokenizer, " one two three four five six", chat=True)
     gen = generate(lm, None, [1], max_new_tokens=3)
