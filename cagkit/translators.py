@@ -308,9 +308,7 @@ def source_features(source_kv: ChunkKV, weights: torch.Tensor) -> torch.Tensor:
     keys, values = source_kv.keys.float(), source_kv.values.float()  # [Ls, Ts, Hs, Ds]
     kv = torch.cat([keys.flatten(2), values.flatten(2)], dim=-1).transpose(0, 1)  # [Ts, Ls, 2F]
     rows, cols = weights.nonzero(as_tuple=True)
-    if len(rows) == len(weights) and bool((weights[rows, cols] == 1).all()):  # one source token each, weight 1
-        return kv[cols].contiguous()
-    gathered = kv[cols] * weights[rows, cols][:, None, None]  # [nnz, Ls, 2F]
+    gathered = kv[cols] * weights[rows, cols][:, None, None]  # [nnz, Ls, 2F]; exact for cover's weights of 1
     return torch.zeros(len(weights), *kv.shape[1:], device=kv.device).index_add_(0, rows, gathered)
 
 
