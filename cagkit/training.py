@@ -801,24 +801,30 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     data = generate_data(src, tgt, corpus, settings, cfg.align_mode, data_dir, log)
     data_s = time.time() - started
     net = TranslatorNet(cfg)
-    fit_statistics(net, data)
     if kind == "linear":
         fit_started = time.time()
+        fit_statistics(net, data)
         final = fit_ridge(net, data, settings.ridge)
         train_s, steps_done = time.time() - fit_started, 0
     else:
-        ridge_fit = fit_ridge(net, data, settings.ridge)
-        log(f"linear skip initialised from ridge: training kv mse {ridge_fit['kv']:.4f}")
         key = _config_key(cfg, settings)
         if init:
             start = read_translator(Path(init))
             if asdict(start.net.cfg) != asdict(cfg) or start.target_fingerprint != tgt.fingerprint:
                 raise TranslatorError(f"{init} is not a {kind} translator of this shape for {source} -> {target}; "
                                       f"pass a checkpoint of this pair and kind to --init")
-            net.load_state_dict(start.net.state_dict())
             key += "-init-" + hashlib.sha256(Path(init).read_bytes()).hexdigest()[:10]
-            log(f"starting from {init} ({start.card.get('steps', '?')} steps)")
         state_path = work_dir / f"{kind}-{key}.state.pt"
+        # the statistics and the ridge fit only initialise: a saved state or an --init checkpoint holds its own
+        if state_path.exists():
+            log(f"statistics and weights come from the saved state {state_path.name}")
+        elif init:
+            net.load_state_dict(start.net.state_dict())
+            log(f"starting from {init} ({start.card.get('steps', '?')} steps)")
+        else:
+            fit_statistics(net, data)
+            ridge_fit = fit_ridge(net, data, settings.ridge)
+            log(f"linear skip initialised from ridge: training kv mse {ridge_fit['kv']:.4f}")
         state = train_loop(net, tgt, data, settings, state_path, log)
         final = state["history"][-1] if state["history"] else {}  # none with --steps 0
         train_s, steps_done = state["wall_s"], state["step"]

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import make_tiny_gemma3, make_tiny_llama
 
+from cagkit import training
 from cagkit.alignment import align
 from cagkit.errors import TranslatorError
 from cagkit.files import default_file_mode
@@ -587,18 +588,28 @@ def test_score_rescores_an_old_card_without_touching_the_weights(pair, corpus, t
         score_translator(path)
 
 
-def test_training_resumes_where_it_stopped(pair, corpus, tmp_path):
+def _refuse_fitting(monkeypatch):
+    """Make the statistics and ridge fits fail: a run that has its weights already must not spend time on them."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("fitted again although the weights were given")
+
+    monkeypatch.setattr(training, "fit_statistics", refuse)
+    monkeypatch.setattr(training, "fit_ridge", refuse)
+
+
+def test_training_resumes_where_it_stopped(pair, corpus, tmp_path, monkeypatch):
     logs = []
     common = dict(out=tmp_path / "t.safetensors", work_dir=tmp_path, log=logs.append)
     train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=20, checkpoint_every=10), **common)
     logs.clear()
+    _refuse_fitting(monkeypatch)  # the saved state holds the statistics and the ridge initialisation
     train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=30, checkpoint_every=10), **common)
     assert "resumed at step 20/30" in logs
     assert not any(line.startswith("data shard") for line in logs)  # the shards were reused
     assert read_translator(tmp_path / "t.safetensors").card["steps"] == 30
 
 
-def test_an_interrupted_run_resumed_ends_as_an_uninterrupted_one(pair, corpus, tmp_path):
+def test_an_interrupted_run_resumed_ends_as_an_uninterrupted_one(pair, corpus, tmp_path, monkeypatch):
     def stop_at_step_20(line):
         if line.startswith("step 20/"):
             raise KeyboardInterrupt  # as Ctrl-C would, after the step-10 checkpoint and before the step-20 one
@@ -608,9 +619,11 @@ def test_an_interrupted_run_resumed_ends_as_an_uninterrupted_one(pair, corpus, t
         train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(**settings),
                          out=tmp_path / "a" / "t.safetensors", work_dir=tmp_path / "a", log=stop_at_step_20)
     logs = []
-    resumed = read_translator(train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(**settings),
-                                               out=tmp_path / "a" / "t.safetensors", work_dir=tmp_path / "a",
-                                               log=logs.append))
+    with monkeypatch.context() as patched:
+        _refuse_fitting(patched)
+        resumed = read_translator(train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(**settings),
+                                                   out=tmp_path / "a" / "t.safetensors", work_dir=tmp_path / "a",
+                                                   log=logs.append))
     assert "resumed at step 10/30" in logs
     straight = read_translator(train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(**settings),
                                                 out=tmp_path / "b" / "t.safetensors", work_dir=tmp_path / "b",
@@ -621,13 +634,15 @@ def test_an_interrupted_run_resumed_ends_as_an_uninterrupted_one(pair, corpus, t
     assert resumed.card["final_losses"] == pytest.approx(straight.card["final_losses"])
 
 
-def test_fine_tuning_starts_from_the_given_checkpoint_with_the_attention_loss(pair, corpus, tmp_path):
+def test_fine_tuning_starts_from_the_given_checkpoint_with_the_attention_loss(pair, corpus, tmp_path, monkeypatch):
     logs = []
     first = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=10),
                              out=tmp_path / "a.safetensors", work_dir=tmp_path, log=logs.append)
     logs.clear()
-    tuned = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=0, attention_weight=1.0),
-                             init=first, out=tmp_path / "b.safetensors", work_dir=tmp_path, log=logs.append)
+    with monkeypatch.context() as patched:
+        _refuse_fitting(patched)  # the checkpoint brings its own statistics and weights
+        tuned = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=0, attention_weight=1.0),
+                                 init=first, out=tmp_path / "b.safetensors", work_dir=tmp_path, log=logs.append)
     assert f"starting from {first} (10 steps)" in logs
     before, after = read_translator(first), read_translator(tuned)
     for key, value in before.net.state_dict().items():  # no step taken: the weights are the start's
