@@ -6,12 +6,52 @@
     print(answer.answer, answer.sources, answer.timings)
 """
 
-from cagkit.ask import Answer, ask, retrieve
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING
+
 from cagkit.errors import CagkitError
-from cagkit.ingest import IngestReport, ingest, ingest_texts, remove
-from cagkit.models import load_model
-from cagkit.store import Store
+
+# The public names and the module each comes from. They are imported on first use (PEP 562), so that importing
+# cagkit, or running `cagkit --help`, does not load PyTorch and transformers until something needs them.
+_LAZY = {"Answer": "cagkit.ask", "ask": "cagkit.ask", "retrieve": "cagkit.ask", "IngestReport": "cagkit.ingest",
+         "ingest": "cagkit.ingest", "ingest_texts": "cagkit.ingest", "remove": "cagkit.ingest",
+         "load_model": "cagkit.models", "Store": "cagkit.store"}
+
+if TYPE_CHECKING:
+    from cagkit.ask import Answer, ask, retrieve
+    from cagkit.ingest import IngestReport, ingest, ingest_texts, remove
+    from cagkit.models import load_model
+    from cagkit.store import Store
 
 __all__ = ["Answer", "CagkitError", "IngestReport", "Store", "ask", "ingest", "ingest_texts", "load_model", "remove",
            "retrieve"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'cagkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """Keeps `cagkit.ask` and `cagkit.ingest` the functions: importing the submodules of the same names would
+    otherwise bind the modules there (as `import cagkit.ask` does), and `cagkit.ask(...)` would stop working."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}" and name in _LAZY:
+            return  # the function comes from __getattr__, or is bound already
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

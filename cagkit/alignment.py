@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-MODES = ("cover", "overlap")
+from cagkit.options import ALIGN_MODES as MODES
 
 
 def _covering(source_offsets: torch.Tensor, chars: torch.Tensor) -> torch.Tensor:

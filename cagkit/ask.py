@@ -17,11 +17,10 @@ from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache, synchronize
 from cagkit.models import LoadedModel, load_model
+from cagkit.options import ASK_MODES as MODES, DEFAULT_STORE
 from cagkit.placement import Placement
 from cagkit.rope import RotaryTables
-from cagkit.store import DEFAULT_STORE, Hit, Store, StoredChunk
-
-MODES = ("mot", "native", "linear", "projector", "oracle")
+from cagkit.store import Hit, Store, StoredChunk
 
 
 @dataclass

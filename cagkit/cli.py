@@ -9,12 +9,11 @@ import sys
 import warnings
 from pathlib import Path
 
-from cagkit.alignment import MODES as ALIGN_MODES
-from cagkit.ask import MODES as ASK_MODES
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS
+from cagkit.options import (ALIGN_MODES, ASK_MODES, DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE, EXPERT_INPUTS,
+                            TRANSLATOR_KINDS)
 from cagkit.placement import BLEND_SELECT, Placement
-from cagkit.translators import EXPERT_INPUTS, KINDS as TRANSLATOR_KINDS
 
 DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
 keep the KV cache in a store, and answer with any target model from translated caches."""
@@ -216,9 +215,6 @@ def _cmd_compare(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cagkit.ingest import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE
-    from cagkit.store import DEFAULT_STORE
-
     store_default = os.environ.get("CAGKIT_STORE", str(DEFAULT_STORE))
     parser = argparse.ArgumentParser(prog="cagkit", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -15,6 +15,7 @@ import bs4
 import pypdf
 
 from cagkit.errors import CagkitError, DocumentError
+from cagkit.options import DEFAULT_CHUNK_TOKENS
 
 SUPPORTED_SUFFIXES: frozenset[str] = frozenset({".txt", ".md", ".rst", ".html", ".htm", ".pdf"})
 
@@ -264,8 +265,6 @@ class Chunk:
     char_end: int
 
 
-# 256 source tokens keeps a chunk, once translated, well inside Gemma 3's 512-token sliding window.
-DEFAULT_CHUNK_TOKENS = 256
 MIN_CHUNK_TOKENS = 16
 
 

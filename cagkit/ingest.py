@@ -11,15 +11,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cagkit.documents import DEFAULT_CHUNK_TOKENS, check_chunk_tokens, chunk_text, find_documents, read_document
+from cagkit.documents import check_chunk_tokens, chunk_text, find_documents, read_document
 from cagkit.embeddings import EMBEDDER_NAME, embed_sentences, embed_with_sentences
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
 from cagkit.kvcache import prefill_kv_batch
 from cagkit.models import load_model
+from cagkit.options import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE
 from cagkit.rope import RotaryTables
-from cagkit.store import DEFAULT_STORE, NewChunk, Store, StoreSettings
+from cagkit.store import NewChunk, Store, StoreSettings
 
-DEFAULT_SOURCE = "smollm2"
 
 
 @dataclass

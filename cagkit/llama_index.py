@@ -47,7 +47,8 @@ from cagkit.ask import MODES, Answer, Placement, answer_from_chunks, retrieve
 from cagkit.errors import CagkitError
 from cagkit.ingest import IngestReport, ingest_texts
 from cagkit.models import load_model
-from cagkit.store import DEFAULT_STORE, Hit, Store
+from cagkit.options import DEFAULT_STORE
+from cagkit.store import Hit, Store
 
 # Metadata keys that locate a node's chunk in the store; not for embedding or for an LLM's prompt.
 _CHUNK_KEYS = ("chunk_id", "chunk_index")

@@ -36,7 +36,6 @@ FORMAT_VERSION = 1
 _CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences are optional
 _SENTENCE_TENSORS = ("sentences", "sentence_embeddings")  # optional: files before they were kept lack them
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-DEFAULT_STORE = Path("stores/default")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);

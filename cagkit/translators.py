@@ -41,9 +41,8 @@ from cagkit.alignment import align
 from cagkit.errors import TranslatorError
 from cagkit.files import save_safetensors
 from cagkit.kvcache import ChunkKV, model_device
+from cagkit.options import EXPERT_INPUTS, TRANSLATOR_KINDS as KINDS
 
-KINDS = ("mot", "projector", "linear")
-EXPERT_INPUTS = ("trunk", "depth")
 FORMAT_VERSION = 1
 
 

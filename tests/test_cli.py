@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -325,3 +327,34 @@ def test_cli_keeps_freed_memory_unless_the_environment_sets_it(monkeypatch):
     monkeypatch.setenv("MALLOC_TOP_PAD_", "0")  # the user's setting wins: glibc has read it already
     cli._keep_freed_memory()
     assert calls == [(-2, 1 << 30)]
+
+
+def test_help_and_option_errors_do_not_load_torch():
+    """`cagkit --help` and a mistyped option answer at once: no PyTorch or transformers until a command needs them."""
+    script = ("import sys\n"
+              "from cagkit.cli import main\n"
+              "for argv in (['--help'], ['ask', '--help'], ['ask', '--mode', 'bogus', 'q']):\n"
+              "    try:\n"
+              "        main(argv)\n"
+              "    except SystemExit:\n"
+              "        pass\n"
+              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "invalid choice: 'bogus'" in done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_package_resolves_its_public_names_on_first_use():
+    import cagkit
+    import cagkit.ask
+    import cagkit.ingest
+    from cagkit.ask import ask as ask_function
+    from cagkit.ingest import ingest as ingest_function
+    from cagkit.store import Store
+
+    # the submodules of the same names are imported, and the package's names are still the functions
+    assert cagkit.ask is ask_function and cagkit.ingest is ingest_function and cagkit.Store is Store
+    assert set(cagkit.__all__) <= set(dir(cagkit))
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        cagkit.nothing

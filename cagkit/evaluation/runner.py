@@ -42,9 +42,10 @@ from cagkit.documents import check_chunk_tokens
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
-from cagkit.ingest import DEFAULT_CHUNK_TOKENS, ingest
+from cagkit.ingest import ingest
 from cagkit.kvcache import model_device, synchronize
 from cagkit.models import LoadedModel, load_model
+from cagkit.options import DEFAULT_CHUNK_TOKENS
 from cagkit.placement import PLACEMENT_FIELDS, Placement
 from cagkit.store import DTYPES, Hit, Store
 

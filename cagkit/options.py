@@ -1,0 +1,16 @@
+"""The named choices and defaults that the library uses and the command line offers, kept apart from the
+modules that use them because this one imports nothing: `cagkit --help` and a mistyped option answer without
+loading PyTorch and transformers (about 2.5 s on 2 cores)."""
+
+from pathlib import Path
+
+ALIGN_MODES = ("cover", "overlap")  # cagkit.alignment: how a target token reads the source tokens
+ASK_MODES = ("mot", "native", "linear", "projector", "oracle")  # cagkit.ask: where the target's context KV comes from
+TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translators
+EXPERT_INPUTS = ("trunk", "depth")  # cagkit.translators: what each MoT expert reads
+
+# most source tokens per stored chunk; 256 keeps a chunk, once translated, well inside Gemma 3's 512-token
+# sliding window
+DEFAULT_CHUNK_TOKENS = 256
+DEFAULT_SOURCE = "smollm2"  # the model that prefills the documents at ingest
+DEFAULT_STORE = Path("stores/default")
