@@ -21,7 +21,6 @@ from cagkit.rope import RotaryTables
 from cagkit.store import NewChunk, Store, StoreSettings
 
 
-
 @dataclass
 class IngestReport:
     """What one ingest run did."""
