@@ -115,7 +115,7 @@ def _cmd_translators_score(args) -> int:
 
 
 def _cmd_translators_list(args) -> int:
-    from cagkit.translators import HELDOUT_BAR, list_translators, translators_dir
+    from cagkit.cards import HELDOUT_BAR, list_translators, translators_dir
 
     rows = list_translators(args.dir)
     if args.json:
@@ -439,13 +439,20 @@ def _keep_freed_memory() -> None:
 
 
 def _quiet_libraries() -> None:
-    """Keep the terminal for cagkit's own output: the CLI reports skipped documents itself."""
-    from transformers.utils import logging as hf_logging
+    """Keep the terminal for cagkit's own output: the CLI reports skipped documents itself.
 
+    transformers reads its verbosity and progress-bar settings from the environment when it is first imported,
+    so a command that never loads a model does not pay for importing it here; a setting the user exported wins.
+    """
     from cagkit.errors import SkippedDocumentWarning
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # imported already (cagkit used as a library before `main`)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=SkippedDocumentWarning)
     warnings.filterwarnings("ignore", module="transformers")
 

@@ -18,7 +18,7 @@ from cagkit.kvcache import prefill_kv_batch
 from cagkit.models import load_model
 from cagkit.options import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE
 from cagkit.rope import RotaryTables
-from cagkit.store import NewChunk, Store, StoreSettings
+from cagkit.store import NewChunk, Store, StoreSettings, check_dtype
 
 
 @dataclass
@@ -147,6 +147,7 @@ def _ingest_documents(
 ) -> IngestReport:
     """Prefill and store each new or changed `(key, text, metadata)`; with `keep`, remove stored documents not in it."""
     check_chunk_tokens(chunk_tokens)
+    check_dtype(dtype)  # before the model loads, not at the first write
     lm = load_model(source, device)
     settings = StoreSettings(source=lm.name, source_fingerprint=lm.fingerprint, dtype=dtype,
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)

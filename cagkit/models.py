@@ -337,7 +337,7 @@ def _count_params(weights: Path) -> int:
     from safetensors import safe_open
 
     total = 0
-    with safe_open(weights, "pt") as f:
+    with safe_open(weights, "numpy") as f:  # shapes only; "pt" would import PyTorch
         for key in f.keys():
             n = 1
             for d in f.get_slice(key).get_shape():

@@ -23,19 +23,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from safetensors import safe_open
 
 from cagkit.errors import StoreError
 from cagkit.files import save_safetensors
-from cagkit.kvcache import ChunkKV
+
+if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit store info` starts at once
+    import torch
+
+    from cagkit.kvcache import ChunkKV
 
 FORMAT_VERSION = 1
 _CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences are optional
 _SENTENCE_TENSORS = ("sentences", "sentence_embeddings")  # optional: files before they were kept lack them
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # the KV dtypes a store can hold, by name
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -197,8 +201,8 @@ class Store:
     def _kv_names(self, doc: Document) -> set[str] | None:
         """The tensor names in `doc`'s KV file, or None when it does not open (any failure to parse means the
         file cannot be trusted)."""
-        try:
-            with safe_open(self.path / "kv" / doc.kv_file, framework="pt") as f:
+        try:  # numpy: listing names reads no tensor, and the "pt" framework would import PyTorch
+            with safe_open(self.path / "kv" / doc.kv_file, framework="numpy") as f:
                 return set(f.keys())
         except Exception:
             return None
@@ -210,7 +214,9 @@ class Store:
 
         `metadata` (JSON-serialisable) is kept with the document and returned with every Hit of its chunks.
         """
-        dtype = DTYPES[self.settings.dtype]
+        import torch
+
+        dtype = getattr(torch, check_dtype(self.settings.dtype))
         tensors: dict[str, torch.Tensor] = {}
         for i, c in enumerate(chunks):
             tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=dtype).contiguous()  # [L, T, H, D]
@@ -346,6 +352,8 @@ class Store:
         ).fetchone()
         if row is None:
             raise StoreError(f"chunk {chunk_id} is not in store {self.path}")
+        from cagkit.kvcache import ChunkKV
+
         doc_path, kv_file, idx, text = row
         file = self.path / "kv" / kv_file
         try:
@@ -374,6 +382,13 @@ class Store:
                 file.unlink(missing_ok=True)
 
 
+def check_dtype(dtype: str) -> str:
+    """`dtype` if a store can hold KV in it, else a StoreError that lists the ones it can."""
+    if dtype not in DTYPE_BYTES:
+        raise StoreError(f"KV dtype {dtype!r} is not one a store holds; use one of {', '.join(DTYPE_BYTES)}")
+    return dtype
+
+
 def _holds(names: set[str] | None, doc: Document, tensors: tuple[str, ...]) -> bool:
     """True when a KV file with tensor `names` (None: it does not open) has `tensors` for every chunk of `doc`."""
     return names is not None and all(f"{i}.{name}" in names for i in range(doc.n_chunks) for name in tensors)
@@ -381,6 +396,8 @@ def _holds(names: set[str] | None, doc: Document, tensors: tuple[str, ...]) -> b
 
 def _sentence_tensors(index: int, sentences: tuple) -> dict[str, torch.Tensor]:
     """The KV-file tensors of chunk `index`'s sentence spans and embeddings."""
+    import torch
+
     spans, vectors = sentences
     return {f"{index}.sentences": torch.as_tensor(spans, dtype=torch.int32).reshape(-1, 2),  # [S, 2]
             f"{index}.sentence_embeddings": torch.as_tensor(vectors).to(torch.float16)}  # [S, E]

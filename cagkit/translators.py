@@ -28,7 +28,6 @@ to each with how it was trained and what it measured.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -38,6 +37,7 @@ import torch
 from torch import nn
 
 from cagkit.alignment import align
+from cagkit.cards import card_path, train_command, translator_path, write_card
 from cagkit.errors import TranslatorError
 from cagkit.files import save_safetensors
 from cagkit.kvcache import ChunkKV, model_device
@@ -438,83 +438,6 @@ class Translator:
         write_card(path, card)
         self.card = card
         return path
-
-
-def write_card(checkpoint: Path, card: dict) -> Path:
-    """Write the JSON card of `checkpoint` atomically (the weights are not touched); returns the card's path."""
-    target = card_path(checkpoint)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(card, indent=2) + "\n")
-    os.replace(tmp, target)
-    return target
-
-
-def translators_dir() -> Path:
-    """Where shipped translators live: `$CAGKIT_TRANSLATORS`, else `translators/` at the repository root."""
-    env = os.environ.get("CAGKIT_TRANSLATORS")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "translators"
-
-
-def translator_path(source: str, target: str, kind: str = "mot") -> Path:
-    suffix = ".safetensors" if kind == "mot" else f".{kind}.safetensors"
-    return translators_dir() / f"{source}__{target}{suffix}"
-
-
-def card_path(checkpoint: Path) -> Path:
-    return Path(checkpoint).with_suffix(".json")
-
-
-def train_command(source: str, target: str, kind: str = "mot") -> str:
-    kind_flag = "" if kind == "mot" else f" --kind {kind}"
-    return f"cagkit translators train --source {source} --target {target} --corpus ../shared/data/corpus{kind_flag}"
-
-
-HELDOUT_BAR = 0.95  # issue bar: share of the no-context -> native gap that the translated context closes
-
-
-def list_translators(directory: Path | None = None) -> list[dict]:
-    """One row per checkpoint in `directory` (default `translators_dir()`), from its card alone (no weights are
-    read): the pair, kind, training size and held-out recovery on next text and on recall, by loss and by KL.
-
-    `bar` says whether next-text recovery reaches `HELDOUT_BAR`: "yes" when both the loss and the KL to native
-    do, "loss only" when the loss does but the KL does not (the translated context sharpened the prediction
-    rather than reproducing the native one), else "no"; "unknown" when the card has no held-out scores.
-    """
-    given = directory
-    directory = Path(directory) if directory else translators_dir()
-    if not directory.is_dir():
-        where = ("--dir" if given else "$CAGKIT_TRANSLATORS" if os.environ.get("CAGKIT_TRANSLATORS")
-                 else "the shipped translators/ folder: cagkit finds it beside its package, so install cagkit "
-                      "from its repository with `pip install -e .`, or point $CAGKIT_TRANSLATORS at a copy")
-        raise TranslatorError(f"translator folder {directory} does not exist; check {where}")
-    rows = []
-    for path in sorted(directory.glob("*__*.safetensors")):
-        pair, _, kind = path.name[: -len(".safetensors")].partition(".")
-        source, _, target = pair.partition("__")
-        card_file = card_path(path)
-        try:
-            card = json.loads(card_file.read_text(encoding="utf-8")) if card_file.exists() else {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TranslatorError(f"translator card {card_file} is not readable JSON ({exc}); restore it from git "
-                                  f"or retrain with `{train_command(source, target, kind or 'mot')}`") from None
-        heldout = card.get("heldout") or {}
-        recall = heldout.get("recall") or {}
-        row = {
-            "source": source, "target": target, "kind": kind or "mot", "path": str(path),
-            "steps": card.get("steps"), "training_tokens": card.get("training_tokens"),
-            "next_loss": (heldout.get("recovery") or {}).get("translated"),
-            "next_kl": (heldout.get("kl_recovery") or {}).get("translated"),
-            "recall_loss": (recall.get("recovery") or {}).get("translated"),
-            "recall_kl": (recall.get("kl_recovery") or {}).get("translated"),
-        }
-        if row["next_loss"] is None or row["next_kl"] is None:
-            row["bar"] = "unknown"
-        elif row["next_loss"] >= HELDOUT_BAR:
-            row["bar"] = "yes" if row["next_kl"] >= HELDOUT_BAR else "loss only"
-        else:
-            row["bar"] = "no"
-        rows.append(row)
-    return rows
 
 
 def read_translator(path: Path) -> Translator:

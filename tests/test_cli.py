@@ -345,6 +345,21 @@ def test_help_and_option_errors_do_not_load_torch():
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_commands_that_read_only_files_do_not_load_torch(store):
+    """`store info`, `translators list` and `models` read a manifest, cards and configs: they start at once."""
+    script = ("import sys\n"
+              "from cagkit.cli import main\n"
+              f"assert main(['store', 'info', '--store', {str(store)!r}]) == 0\n"
+              "assert main(['translators', 'list']) == 0\n"
+              "assert main(['models', '--json']) == 0\n"
+              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.strip().splitlines()
+    assert "1 documents" in out[0] and any(line.endswith("notes.md") for line in out)
+    assert out[-1] == "[]"
+
+
 def test_the_package_resolves_its_public_names_on_first_use():
     import cagkit
     import cagkit.ask

@@ -159,6 +159,13 @@ def test_bad_inputs_give_clear_errors_and_lose_nothing(tiny_llama, docs, tmp_pat
         Store.open(tmp_path / "nowhere")
 
 
+def test_an_unknown_kv_dtype_is_refused_before_the_model_loads(docs, tmp_path, monkeypatch):
+    monkeypatch.setattr(importlib.import_module("cagkit.ingest"), "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(StoreError, match="'float8'.*float16, bfloat16, float32"):
+        _ingest(docs, tmp_path / "store", dtype="float8")
+    assert not (tmp_path / "store").exists()
+
+
 def test_question_against_an_empty_store(tiny_llama, docs, tmp_path):
     store = tmp_path / "store"
     _ingest(docs, store, prune=False)

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from cagkit.ask import answer_from_chunks, build_context_cache
+from cagkit.cards import translator_path
 from cagkit.embeddings import embed_query
 from cagkit.documents import check_chunk_tokens
 from cagkit.errors import CagkitError
@@ -47,7 +48,7 @@ from cagkit.kvcache import model_device, synchronize
 from cagkit.models import LoadedModel, load_model
 from cagkit.options import DEFAULT_CHUNK_TOKENS
 from cagkit.placement import PLACEMENT_FIELDS, Placement
-from cagkit.store import DTYPES, Hit, Store
+from cagkit.store import DTYPE_BYTES, Hit, Store
 
 METHODS = ("native", "none", "source", "linear", "projector", "mot", "oracle")
 TRANSLATED = ("linear", "projector", "mot")
@@ -138,7 +139,7 @@ def run_eval(
         }
         previous = _load_previous(out, results)
         models = {m: source_lm if m == "source" else target_lm for m in methods}
-        stored_bytes = DTYPES[st.settings.dtype].itemsize
+        stored_bytes = DTYPE_BYTES[st.settings.dtype]
         about = {m: {"model": models[m].name,
                      "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in ("native", "none", "oracle")
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
@@ -376,8 +377,6 @@ def _translator_digest(method: str, lm: LoadedModel, store: Store) -> str | None
     """The first 16 hex digits of the sha256 of the checkpoint a translated method reads, else None."""
     if method not in TRANSLATED or lm.fingerprint == store.settings.source_fingerprint:
         return None
-    from cagkit.translators import translator_path
-
     return hashlib.sha256(translator_path(store.settings.source, lm.name, method).read_bytes()).hexdigest()[:16]
 
 
