@@ -1,8 +1,8 @@
 """Where translator checkpoints live and what their JSON cards say, without PyTorch.
 
 `cagkit translators list` and the paths other modules look checkpoints up by need only the file names and the
-cards, so they live here, apart from the networks in `cagkit.translators` (which re-exports them), and the
-command answers without loading PyTorch.
+cards, so they live here, apart from the networks in `cagkit.translators` (which imports the path and card
+helpers it uses from here), and the command answers without loading PyTorch.
 """
 
 from __future__ import annotations
