@@ -12,7 +12,7 @@ from pathlib import Path
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS
 from cagkit.options import (ALIGN_MODES, ASK_MODES, DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE, EXPERT_INPUTS,
-                            TRANSLATOR_KINDS)
+                            KV_DTYPES, TRANSLATOR_KINDS)
 from cagkit.placement import BLEND_SELECT, Placement
 
 DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", default=DEFAULT_SOURCE, help="source model: alias, Hugging Face id or directory (default: %(default)s)")
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, help="most source tokens per chunk (default: %(default)s)")
     p.add_argument("--prune", action="store_true", help="drop stored documents whose files are no longer under PATHS")
-    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"], help="stored KV dtype (default: %(default)s)")
+    p.add_argument("--dtype", default="float16", choices=list(KV_DTYPES), help="stored KV dtype (default: %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_device_option(p)
     p.set_defaults(func=_cmd_ingest)

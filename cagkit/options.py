@@ -8,6 +8,7 @@ ALIGN_MODES = ("cover", "overlap")  # cagkit.alignment: how a target token reads
 ASK_MODES = ("mot", "native", "linear", "projector", "oracle")  # cagkit.ask: where the target's context KV comes from
 TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translators
 EXPERT_INPUTS = ("trunk", "depth")  # cagkit.translators: what each MoT expert reads
+KV_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}  # cagkit.store: the dtypes stored KV may take, and their bytes
 
 # most source tokens per stored chunk; 256 keeps a chunk, once translated, well inside Gemma 3's 512-token
 # sliding window

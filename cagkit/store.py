@@ -30,6 +30,7 @@ from safetensors import safe_open
 
 from cagkit.errors import StoreError
 from cagkit.files import save_safetensors
+from cagkit.options import KV_DTYPES as DTYPE_BYTES
 
 if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit store info` starts at once
     import torch
@@ -39,7 +40,6 @@ if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit
 FORMAT_VERSION = 1
 _CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences are optional
 _SENTENCE_TENSORS = ("sentences", "sentence_embeddings")  # optional: files before they were kept lack them
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # the KV dtypes a store can hold, by name
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
