@@ -42,6 +42,7 @@ from transformers import DynamicCache
 
 from cagkit.alignment import align
 from cagkit.ask import sink_ids
+from cagkit.blend import blend
 from cagkit.errors import TranslatorError
 from cagkit.generation import prompt_parts
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv
@@ -669,14 +670,17 @@ def _continuation_logp(target: LoadedModel, cache: DynamicCache, continuation: l
 
 @torch.no_grad()
 def evaluate_translator(translator: Translator, source: LoadedModel, target: LoadedModel, corpus: Path,
-                        settings: TrainSettings, native_bottom: tuple[int, ...] = (), swap_halves: bool = False
-                        ) -> dict:
+                        settings: TrainSettings, native_bottom: tuple[int, ...] = (), swap_halves: bool = False,
+                        repair_ratios: tuple[float, ...] = ()) -> dict:
     """Held-out continuation scores with no context, native context and translated context (through the public
     `translate` path): NLL of the true tokens, recovery = (none - translated) / (none - native), and the fidelity
     to native, KL(native || context) over the full vocabulary (NLL alone can beat native by sharpening, KL
     cannot). `native_bottom` also scores hybrids whose bottom k layers come from a native prefill (the
     injection-depth trade-off), with timings per chunk. `swap_halves` also scores the translated chunk with
-    native keys (`native_keys`) and with native values (`native_values`): which half loses the context."""
+    native keys (`native_keys`) and with native values (`native_values`): which half loses the context.
+    `repair_ratios` also scores the translated chunk after the cross-chunk repair (`cagkit.blend.blend`, tokens
+    chosen by their layer-1 deviation, as `--blend-select deviation` does at ask time) has recomputed that share
+    of its tokens (`repaired_R`; 1 is a full prefill by the target)."""
     P, C = settings.heldout_prefix_tokens, settings.continuation_tokens
     windows = sample_windows(corpus_files(corpus, heldout=True), settings.heldout_examples, settings.heldout_seed + 7,
                              target, P + C)
@@ -709,6 +713,8 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         if swap_halves:
             contexts["native_keys"] = [ChunkKV(native.keys, translated.values.to(native.values.dtype))]
             contexts["native_values"] = [ChunkKV(translated.keys.to(native.keys.dtype), native.values)]
+        for ratio in repair_ratios:
+            contexts[f"repaired_{ratio:g}"] = blend(target.model, sink, [translated], [ids], ratio, tables)
         for task, continuation in continuations.items():
             logps = {}
             for name, chunks in contexts.items():

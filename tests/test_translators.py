@@ -329,6 +329,20 @@ def test_swapping_halves_scores_native_keys_and_native_values(pair, corpus, monk
         assert nll["translated"] != pytest.approx(nll["native"], abs=1e-3)
 
 
+def test_repaired_contexts_run_from_the_translation_to_a_full_prefill(pair, corpus):
+    """Held-out scores after the cross-chunk repair: recomputing every token is the target's own prefill, so it
+    scores what native scores; a partial repair of an untrained translator lies between it and native."""
+    source, target = pair
+    translator = _rounded_translator(pair, "mot")
+    scores = evaluate_translator(translator, source, target, corpus, tiny_settings(), repair_ratios=(0.5, 1.0))
+    for task in (scores, scores["recall"]):
+        nll, kl = task["nll"], task["kl_to_native"]
+        assert nll["repaired_1"] == pytest.approx(nll["native"], abs=1e-4)
+        assert kl["repaired_1"] == pytest.approx(0.0, abs=1e-4)
+        assert kl["translated"] > 1e-3  # an untrained translator is far from native
+        assert kl["repaired_0.5"] < kl["translated"]
+
+
 def test_recall_examples_replay_a_span_of_their_own_prefix(pair, corpus, tmp_path):
     source, target = pair
     assert recall_continuation(list(range(10)), 4, 3) == [3, 4, 5, 6]
