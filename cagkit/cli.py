@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import warnings
 from pathlib import Path
 
+from cagkit import __version__
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS
 from cagkit.options import (ALIGN_MODES, ASK_MODES, DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE, EXPERT_INPUTS,
@@ -33,7 +35,7 @@ def _cmd_ingest(args) -> int:
         print(f"{len(report.upgraded)} unchanged documents were given the sentence embeddings this cagkit keeps")
     for path, reason in report.failed:
         print(f"skipped {path}: {reason}", file=sys.stderr)
-    return 0
+    return 1 if report.failed else 0  # the rest is stored; a script still learns that something was left out
 
 
 def _cmd_ask(args) -> int:
@@ -217,9 +219,13 @@ def _cmd_compare(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     store_default = os.environ.get("CAGKIT_STORE", str(DEFAULT_STORE))
     parser = argparse.ArgumentParser(prog="cagkit", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"cagkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("ingest", help="prefill documents with the source model and store their KV cache")
+    p = sub.add_parser("ingest", help="prefill documents with the source model and store their KV cache",
+                       epilog="exit status: 0 when every document is stored or unchanged; 1 when some could not be "
+                              "read (each is named on stderr, the others are stored); 2 on an error that stopped "
+                              "the run (what was finished is kept)")
     p.add_argument("paths", nargs="+", help="files or folders (.txt .md .rst .html .pdf)")
     p.add_argument("--store", default=store_default, help="store directory (default: %(default)s, or $CAGKIT_STORE)")
     p.add_argument("--source", default=DEFAULT_SOURCE, help="source model: alias, Hugging Face id or directory (default: %(default)s)")
@@ -454,6 +460,7 @@ def _quiet_libraries() -> None:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=SkippedDocumentWarning)
+    logging.getLogger("pypdf").setLevel(logging.ERROR)  # a damaged PDF's details: the skip line names the file
     warnings.filterwarnings("ignore", module="transformers")
 
 

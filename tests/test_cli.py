@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -147,6 +148,32 @@ def test_bad_input_is_one_line_with_exit_code_2(store, tmp_path, capsys, argv, e
     argv = [a.format(tmp=tmp_path, store=store) for a in argv]
     assert main(argv) == 2
     assert expected in _error_line(capsys)
+
+
+def test_ingest_exits_1_when_a_document_is_skipped_and_stores_the_rest(tiny_llama, tmp_path, capsys, caplog):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "good.md").write_text(DOC)
+    (docs / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    (docs / "broken.pdf").write_bytes(b"not a pdf")
+    store = tmp_path / "store"
+    capsys.readouterr()
+    assert main(["ingest", str(docs), "--store", str(store), "--source", "tiny-llama", "--chunk-tokens", "24",
+                 "--quiet"]) == 1
+    out, err = capsys.readouterr()
+    assert "1 added" in out and "2 skipped" in out
+    skipped = err.strip().splitlines()
+    assert len(skipped) == 2, skipped  # one line per file
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("pypdf")]  # nor the PDF library's own
+    assert any(line.startswith("skipped ") and "latin1.txt" in line for line in skipped)
+    assert any(line.startswith("skipped ") and "broken.pdf" in line for line in skipped)
+    assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-llama",
+                 "--top-k", "1", "--max-new-tokens", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sources"][0]["document"].endswith("good.md")
+    (docs / "latin1.txt").unlink()
+    (docs / "broken.pdf").unlink()
+    assert main(["ingest", str(docs), "--store", str(store), "--source", "tiny-llama", "--chunk-tokens", "24",
+                 "--quiet"]) == 0
 
 
 def test_store_from_another_source_is_refused_on_the_command_line(store, tiny_llama, tmp_path, capsys):
@@ -333,7 +360,7 @@ def test_help_and_option_errors_do_not_load_torch():
     """`cagkit --help` and a mistyped option answer at once: no PyTorch or transformers until a command needs them."""
     script = ("import sys\n"
               "from cagkit.cli import main\n"
-              "for argv in (['--help'], ['ask', '--help'], ['ask', '--mode', 'bogus', 'q']):\n"
+              "for argv in (['--help'], ['--version'], ['ask', '--help'], ['ask', '--mode', 'bogus', 'q']):\n"
               "    try:\n"
               "        main(argv)\n"
               "    except SystemExit:\n"
@@ -343,6 +370,7 @@ def test_help_and_option_errors_do_not_load_torch():
     assert done.returncode == 0, done.stderr
     assert "invalid choice: 'bogus'" in done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert f"cagkit {importlib.metadata.version('cagkit')}\n" in done.stdout  # the installed version, as packaged
 
 
 def test_commands_that_read_only_files_do_not_load_torch(store):
