@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
+import importlib as _importlib
+import sys as _sys
+import types as _types
 from typing import TYPE_CHECKING
 
 from cagkit.errors import CagkitError
@@ -35,23 +35,26 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'cagkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
     globals()[name] = value  # later look-ups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The public names, the dunders and the submodules imported so far; not this file's own helpers."""
+    hidden = {"TYPE_CHECKING", "annotations"}
+    names = (set(globals()) | set(__all__)) - hidden
+    return sorted(n for n in names if not n.startswith("_") or n.startswith("__"))
 
 
-class _Package(types.ModuleType):
+class _Package(_types.ModuleType):
     """Keeps `cagkit.ask` and `cagkit.ingest` the functions: importing the submodules of the same names would
     otherwise bind the modules there (as `import cagkit.ask` does), and `cagkit.ask(...)` would stop working."""
 
     def __setattr__(self, name: str, value) -> None:
-        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}" and name in _LAZY:
+        if isinstance(value, _types.ModuleType) and value.__name__ == f"{__name__}.{name}" and name in _LAZY:
             return  # the function comes from __getattr__, or is bound already
         super().__setattr__(name, value)
 
 
-sys.modules[__name__].__class__ = _Package
+_sys.modules[__name__].__class__ = _Package

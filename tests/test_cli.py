@@ -399,5 +399,6 @@ def test_the_package_resolves_its_public_names_on_first_use():
     # the submodules of the same names are imported, and the package's names are still the functions
     assert cagkit.ask is ask_function and cagkit.ingest is ingest_function and cagkit.Store is Store
     assert set(cagkit.__all__) <= set(dir(cagkit))
+    assert not {"importlib", "sys", "types", "TYPE_CHECKING", "_LAZY"} & set(dir(cagkit))  # only what it offers
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         cagkit.nothing
