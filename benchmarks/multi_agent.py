@@ -248,7 +248,8 @@ def main() -> int:
     from cagkit.evaluation.runner import _documents_dir, example_hits, write_documents, write_json_atomic
     from cagkit.ingest import ingest
     from cagkit.models import load_model
-    from cagkit.store import DTYPE_BYTES, Store
+    from cagkit.options import KV_DTYPES
+    from cagkit.store import Store
 
     wall_start = time.perf_counter()
     data_format = detect_format(args.data)
@@ -267,7 +268,7 @@ def main() -> int:
     models = {m: load_model(m) for m in used}
     out, plot = Path(args.out), Path(args.plot)
     with Store.open(store_path) as store:
-        stored_bytes = DTYPE_BYTES[store.settings.dtype]
+        stored_bytes = KV_DTYPES[store.settings.dtype]
         results = {
             "data": str(args.data), "format": data_format, "agents": args.agents, "cycle": list(MODEL_CYCLE),
             "source": SOURCE, "store": str(store_path), "store_dtype": store.settings.dtype,

@@ -13,8 +13,8 @@ from pathlib import Path
 from cagkit import __version__
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS
-from cagkit.options import (ALIGN_MODES, ASK_MODES, DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE, EXPERT_INPUTS,
-                            KV_DTYPES, TRANSLATOR_KINDS)
+from cagkit.options import (ALIGN_MODES, ASK_MODES, DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE, EVAL_METHODS,
+                            EXPERT_INPUTS, KV_DTYPES, TRANSLATOR_KINDS)
 from cagkit.placement import BLEND_SELECT, Placement
 
 DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ask", help="answer a question from the stored documents")
     p.add_argument("question")
-    p.add_argument("--store", default=store_default, help="store directory (default: %(default)s)")
+    p.add_argument("--store", default=store_default, help="store directory (default: %(default)s, or $CAGKIT_STORE)")
     p.add_argument("--model", default="smollm2", help="target model (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
     p.add_argument("--mode", default="mot", choices=ASK_MODES,
@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "prefills each chunk alone, the cache a perfect translator would give")
     _add_placement_options(p)
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print one JSON object with answer, sources and timings")
+    p.add_argument("--json", action="store_true", help="print one JSON object: answer, sources, timings, model, mode, "
+                                                             "context_tokens and placement")
     _add_device_option(p)
     p.set_defaults(func=_cmd_ask)
 
@@ -255,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = p.add_subparsers(dest="store_command", required=True)
     t = ssub.add_parser("info", help="the store's settings and, per document, chunks, tokens, KV size and state")
     t.add_argument("--store", default=store_default, help="store directory (default: %(default)s, or $CAGKIT_STORE)")
-    t.add_argument("--json", action="store_true")
+    t.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     t.set_defaults(func=_cmd_store_info)
     t = ssub.add_parser("remove", help="drop documents (by file, or every one under a folder) without re-ingesting")
     t.add_argument("paths", nargs="+", help="stored documents: their files or folders, or ids given to ingest_texts")
@@ -264,17 +265,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list the known models: installed, converted, shape, KV bytes per token")
     p.add_argument("--convert", nargs="*", metavar="MODEL", help="convert these models now (first use does it anyway)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the list as one JSON object")
     p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("translators", help="train KV translators between models, or list them")
     tsub = p.add_subparsers(dest="translators_command", required=True)
     t = tsub.add_parser("train", help="train a translator from SOURCE's KV space to TARGET's (resumes if interrupted)")
-    t.add_argument("--source", required=True)
-    t.add_argument("--target", required=True)
-    t.add_argument("--corpus", required=True, help="folder of .txt files to train on")
+    t.add_argument("--source", required=True, help="the model whose stored KV is translated (alias or directory)")
+    t.add_argument("--target", required=True, help="the model that reads the translated KV (alias or directory)")
+    t.add_argument("--corpus", required=True,
+                   help="folder of .txt files: those under a testing/ folder or named test.txt are held out for "
+                        "the card's scores, the rest are trained on (both must exist)")
     t.add_argument("--steps", type=int, default=None, help="optimisation steps (default: 600; more continues a finished run)")
-    t.add_argument("--kind", default="mot", choices=TRANSLATOR_KINDS)
+    t.add_argument("--kind", default="mot", choices=TRANSLATOR_KINDS,
+                   help="mot (experts and router), projector (one MLP per layer) or linear (ridge, closed form) "
+                        "(default: %(default)s)")
     t.add_argument("--examples", type=int, default=200,
                    help="training passages of PREFIX_TOKENS+32 target tokens (default: %(default)s)")
     t.add_argument("--prefix-tokens", type=int, default=128,
@@ -331,9 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. the N that `cagkit eval --limit N` scores (default: %(default)s)")
     t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1e-3)")
-    t.add_argument("--threads", type=int, default=1, help="CPU threads for training (default: %(default)s)")
+    t.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU threads for training (default: %(default)s; $CAGKIT_THREADS does not apply here)")
     t.add_argument("--work-dir", default=None, help="paired-prefill data and resumable state (default: $CAGKIT_HOME/train/SOURCE__TARGET)")
-    t.add_argument("--out", default=None, help="checkpoint path (default: translators/SOURCE__TARGET.safetensors)")
+    t.add_argument("--out", default=None,
+                   help="checkpoint path (default: SOURCE__TARGET.safetensors for mot, SOURCE__TARGET.KIND."
+                        "safetensors otherwise, in $CAGKIT_TRANSLATORS or translators/)")
     t.set_defaults(func=_cmd_translators_train)
     t = tsub.add_parser("score", help="score trained checkpoints on held-out text again and update their cards")
     t.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=".safetensors translator files")
@@ -342,21 +350,24 @@ def build_parser() -> argparse.ArgumentParser:
     t = tsub.add_parser("list", help="the translators cagkit uses, with their held-out scores from the cards")
     t.add_argument("--dir", default=None, help="folder of checkpoints (default: the shipped translators/, or "
                                                 "$CAGKIT_TRANSLATORS)")
-    t.add_argument("--json", action="store_true")
+    t.add_argument("--json", action="store_true", help="print the list as one JSON object")
     t.set_defaults(func=_cmd_translators_list)
 
     p = sub.add_parser("eval", help="measure answer quality and speed of each method on a QA data set")
     p.add_argument("--data", required=True, help="JSONL (cagkit format), SQuAD v2 JSON, HotpotQA, L-Eval or RACE file")
-    p.add_argument("--format", default=None, help="data format when it cannot be detected")
-    p.add_argument("--source", default="smollm2")
-    p.add_argument("--target", required=True)
-    p.add_argument("--methods", default="native,none,source,linear,projector,mot")
+    p.add_argument("--format", default=None, choices=FORMATS, help="data format (default: detected from the file)")
+    p.add_argument("--source", default="smollm2", help="model that ingests the documents (default: %(default)s)")
+    p.add_argument("--target", required=True, help="model that answers")
+    p.add_argument("--methods", default="native,none,source,linear,projector,mot",
+                   help=f"comma-separated, of {', '.join(EVAL_METHODS)} (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
-    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
     p.add_argument("--full-context", action="store_true", help="give every method the whole context, no retrieval")
     _add_placement_options(p)
-    p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--store", default=None, help="store to ingest the documents into (default: a fresh one under results/)")
+    p.add_argument("--max-new-tokens", type=int, default=24, help="longest answer in tokens (default: %(default)s)")
+    p.add_argument("--store", default=None,
+                   help="store to ingest the documents into (default: results/stores/<data>-<source>, shared by "
+                        "every run over the same data and source)")
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
                    help="most source tokens per chunk of that store (default: %(default)s; another size gets its "
                         "own default store and results file, ending in -c<size>)")
@@ -365,9 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("report", help="write BENCHMARKS.md tables and plots from eval results")
-    p.add_argument("results", nargs="+")
-    p.add_argument("--out", default="BENCHMARKS.md")
-    p.add_argument("--plots", default="docs/plots")
+    p.add_argument("results", nargs="+", help="results files of `cagkit eval`")
+    p.add_argument("--out", default="BENCHMARKS.md", help="report to write (default: %(default)s)")
+    p.add_argument("--plots", default="docs/plots", help="folder for the charts (default: %(default)s)")
     p.add_argument("--note", default=None, help="a paragraph under the title: how and where the runs were made")
     p.set_defaults(func=_cmd_report)
 
@@ -375,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="FILE[:METHOD]",
                    help="results files of `cagkit eval` over the same data, each with the method to compare "
                         "(default: mot); the first is the baseline")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     p.set_defaults(func=_cmd_compare)
     return parser
 
@@ -475,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
             from cagkit.models import resolve_device
 
             resolve_device(args.device)  # a bad --device fails before any work, not after an ingest
+        if hasattr(args, "blend"):  # so do placement options out of range, before a model loads
+            Placement(args.recompute_layers, args.blend, args.blend_select).check()
         return args.func(args)
     except CagkitError as exc:
         print(f"error: {exc}", file=sys.stderr)

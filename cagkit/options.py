@@ -6,6 +6,8 @@ from pathlib import Path
 
 ALIGN_MODES = ("cover", "overlap")  # cagkit.alignment: how a target token reads the source tokens
 ASK_MODES = ("mot", "native", "linear", "projector", "oracle")  # cagkit.ask: where the target's context KV comes from
+# cagkit.evaluation.runner: what `cagkit eval --methods` compares (none: no context; source: the source model answers)
+EVAL_METHODS = ("native", "none", "source", "linear", "projector", "mot", "oracle")
 TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translators
 EXPERT_INPUTS = ("trunk", "depth")  # cagkit.translators: what each MoT expert reads
 KV_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}  # cagkit.store: the dtypes stored KV may take, and their bytes

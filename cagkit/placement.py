@@ -32,9 +32,12 @@ class Placement:
     blend: float = 0.15
     blend_select: str = "question"
 
-    def check(self, lm) -> None:
-        """Refuse options out of range for `lm` (a `cagkit.models.LoadedModel`)."""
-        if not 0 <= self.recompute_layers <= lm.num_layers:
+    def check(self, lm=None) -> None:
+        """Refuse options out of range (for `lm`, a `cagkit.models.LoadedModel`, when given: without it the
+        upper bound of --recompute-layers is not checked)."""
+        if self.recompute_layers < 0:
+            raise CagkitError(f"--recompute-layers must be 0 or more, got {self.recompute_layers}")
+        if lm is not None and self.recompute_layers > lm.num_layers:
             raise CagkitError(f"--recompute-layers must be between 0 and {lm.num_layers} for {lm.name}, "
                               f"got {self.recompute_layers}")
         if not 0.0 <= self.blend <= 1.0:

@@ -30,7 +30,7 @@ from safetensors import safe_open
 
 from cagkit.errors import StoreError
 from cagkit.files import save_safetensors
-from cagkit.options import KV_DTYPES as DTYPE_BYTES
+from cagkit.options import KV_DTYPES
 
 if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit store info` starts at once
     import torch
@@ -384,8 +384,8 @@ class Store:
 
 def check_dtype(dtype: str) -> str:
     """`dtype` if a store can hold KV in it, else a StoreError that lists the ones it can."""
-    if dtype not in DTYPE_BYTES:
-        raise StoreError(f"KV dtype {dtype!r} is not one a store holds; use one of {', '.join(DTYPE_BYTES)}")
+    if dtype not in KV_DTYPES:
+        raise StoreError(f"KV dtype {dtype!r} is not one a store holds; use one of {', '.join(KV_DTYPES)}")
     return dtype
 
 

@@ -118,6 +118,8 @@ class TrainSettings:
 
 def corpus_files(corpus: Path, heldout: bool) -> list[Path]:
     """The corpus's `.txt` files for training (`heldout=False`) or held out for evaluation (`heldout=True`)."""
+    if not Path(corpus).is_dir():
+        raise TranslatorError(f"corpus {corpus} is not a folder; give a folder of .txt files")
     files = []
     for path in sorted(Path(corpus).rglob("*.txt")):
         if path.name.upper() == "SOURCE.TXT" or path.name.upper().startswith("README"):
@@ -126,8 +128,9 @@ def corpus_files(corpus: Path, heldout: bool) -> list[Path]:
         if is_heldout == heldout:
             files.append(path)
     if not files:
-        kind = "held-out (under testing/ or test.txt)" if heldout else "training"
-        raise TranslatorError(f"corpus {corpus} has no {kind} .txt files")
+        kind = "held-out" if heldout else "training"
+        raise TranslatorError(f"corpus {corpus} has no {kind} .txt files; held-out text goes under a testing/ "
+                              f"folder or in files named test.txt, the training text anywhere else")
     return files
 
 
@@ -671,7 +674,8 @@ def _continuation_logp(target: LoadedModel, cache: DynamicCache, continuation: l
 @torch.no_grad()
 def evaluate_translator(translator: Translator, source: LoadedModel, target: LoadedModel, corpus: Path,
                         settings: TrainSettings, native_bottom: tuple[int, ...] = (), swap_halves: bool = False,
-                        repair_ratios: tuple[float, ...] = ()) -> dict:
+                        repair_ratios: tuple[float, ...] = (),
+                        native_layer_sets: dict[str, tuple[int, ...]] | None = None) -> dict:
     """Held-out continuation scores with no context, native context and translated context (through the public
     `translate` path): NLL of the true tokens, recovery = (none - translated) / (none - native), and the fidelity
     to native, KL(native || context) over the full vocabulary (NLL alone can beat native by sharpening, KL
@@ -680,7 +684,9 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
     native keys (`native_keys`) and with native values (`native_values`): which half loses the context.
     `repair_ratios` also scores the translated chunk after the cross-chunk repair (`cagkit.blend.blend`, tokens
     chosen by their layer-1 deviation, as `--blend-select deviation` does at ask time) has recomputed that share
-    of its tokens (`repaired_R`; 1 is a full prefill by the target)."""
+    of its tokens (`repaired_R`; 1 is a full prefill by the target). `native_layer_sets` (name -> layer indices)
+    also scores, under each name, the translated chunk with those layers' keys and values taken from the native
+    prefill: which layers lose the context."""
     P, C = settings.heldout_prefix_tokens, settings.continuation_tokens
     windows = sample_windows(corpus_files(corpus, heldout=True), settings.heldout_examples, settings.heldout_seed + 7,
                              target, P + C)
@@ -713,6 +719,8 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         if swap_halves:
             contexts["native_keys"] = [ChunkKV(native.keys, translated.values.to(native.values.dtype))]
             contexts["native_values"] = [ChunkKV(translated.keys.to(native.keys.dtype), native.values)]
+        for name, layers in (native_layer_sets or {}).items():
+            contexts[name] = [_with_native_layers(translated, native, layers)]
         for ratio in repair_ratios:
             contexts[f"repaired_{ratio:g}"] = blend(target.model, sink, [translated], [ids], ratio, tables)
         for task, continuation in continuations.items():
@@ -740,6 +748,16 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         "ms_per_chunk": {key: 1000 * value / n for key, value in timing.items()},
     }
     return result
+
+
+def _with_native_layers(translated: ChunkKV, native: ChunkKV, layers) -> ChunkKV:
+    """`translated` with the keys and values of `layers` replaced by the native prefill's."""
+    keys, values = translated.keys.to(native.keys.dtype).clone(), translated.values.to(native.values.dtype).clone()
+    for layer in layers:
+        if not 0 <= layer < keys.shape[0]:
+            raise ValueError(f"layer {layer} is outside the target's {keys.shape[0]} layers")
+        keys[layer], values[layer] = native.keys[layer], native.values[layer]
+    return ChunkKV(keys, values)
 
 
 def _scores(nll_sums: dict[str, float], kl_sums: dict[str, float], n: int) -> dict:
@@ -789,6 +807,8 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     if (settings.qa_skip or settings.qa_format) and not settings.qa_fraction:
         raise TranslatorError("--qa-skip and --qa-format shape question-answer continuations; pass --qa FILE "
                               "(and a --qa-fraction above 0) or leave them out")
+    for heldout in (False, True):  # both kinds of text must be there before the long work starts
+        corpus_files(corpus, heldout)
     if steps is not None:
         settings.steps = steps
     torch.set_num_threads(settings.threads)

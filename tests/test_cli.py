@@ -136,6 +136,10 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--top-k", "0"], "--top-k must be at least 1"),
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--blend", "1.5"], "--blend must be a share"),
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--blend-select", "random"], "--blend-select must be one of"),
+        # placement options are refused before a model or the data is looked at
+        (["ask", "q?", "--store", "{store}", "--model", "llama-9000", "--blend", "2"], "--blend must be a share"),
+        (["eval", "--data", "{tmp}/none.json", "--target", "tiny-llama", "--recompute-layers", "-1"],
+         "--recompute-layers must be 0 or more"),
         (["ask", "q?", "--store", "{store}", "--model", "tiny-llama", "--max-new-tokens", "0"],
          "--max-new-tokens must be at least 1"),
         (["ingest", "{tmp}/missing", "--store", "{store}", "--source", "tiny-llama"], "missing"),

@@ -329,6 +329,23 @@ def test_swapping_halves_scores_native_keys_and_native_values(pair, corpus, monk
         assert nll["translated"] != pytest.approx(nll["native"], abs=1e-3)
 
 
+def test_native_layer_sets_take_exactly_those_layers_from_the_native_prefill(pair, corpus):
+    """Every layer native scores what native scores, no layer native what the translation scores, and one
+    translated layer among native ones lies in between."""
+    source, target = pair
+    translator = _rounded_translator(pair, "mot")
+    every = tuple(range(target.num_layers))
+    sets = {"all": every, "none_native": (), "last_translated": every[:-1]}
+    scores = evaluate_translator(translator, source, target, corpus, tiny_settings(), native_layer_sets=sets)
+    for task in (scores, scores["recall"]):
+        nll, kl = task["nll"], task["kl_to_native"]
+        assert nll["all"] == pytest.approx(nll["native"], abs=1e-5) and kl["all"] == pytest.approx(0.0, abs=1e-5)
+        assert nll["none_native"] == pytest.approx(nll["translated"], abs=1e-5)
+        assert 0 < kl["last_translated"] < kl["translated"]
+    with pytest.raises(ValueError, match="layer 99"):
+        evaluate_translator(translator, source, target, corpus, tiny_settings(), native_layer_sets={"x": (99,)})
+
+
 def test_repaired_contexts_run_from_the_translation_to_a_full_prefill(pair, corpus):
     """Held-out scores after the cross-chunk repair: recomputing every token is the target's own prefill, so it
     scores what native scores; a partial repair of an untrained translator lies between it and native."""
@@ -530,6 +547,26 @@ def test_training_on_one_loss_alone_and_on_none(pair, corpus, tmp_path):
     with pytest.raises(TranslatorError, match="--kv-weight or --ccl-weight"):
         train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "u.safetensors", work_dir=tmp_path,
                          settings=tiny_settings(kv_weight=0.0, kl_weight=0.0, hidden_weight=0.0), log=lambda m: None)
+
+
+def test_a_corpus_without_heldout_or_training_text_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    """The held-out files are needed only for the card's scores at the end; a corpus without them must fail at
+    the start, not after the data and the training steps."""
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded for a corpus that cannot be trained on")
+
+    monkeypatch.setattr(training, "load_model", no_loading)
+    train_only, heldout_only = tmp_path / "train-only", tmp_path / "heldout-only"
+    (train_only / "books").mkdir(parents=True)
+    (train_only / "books" / "a.txt").write_text("Some text to train on.\n")
+    (heldout_only / "testing").mkdir(parents=True)
+    (heldout_only / "testing" / "b.txt").write_text("Some text held out.\n")
+    for corpus, message in ((train_only, "no held-out .txt files; held-out text goes under a testing/"),
+                            (heldout_only, "no training .txt files"),
+                            (tmp_path / "nowhere", "is not a folder")):
+        with pytest.raises(TranslatorError, match=message):
+            train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "u.safetensors", work_dir=tmp_path,
+                             settings=tiny_settings(), log=lambda m: None)
 
 
 def test_training_prefix_length_and_seed_are_apart_from_the_heldout_ones(pair, corpus, tmp_path):

@@ -46,11 +46,10 @@ from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest import ingest
 from cagkit.kvcache import model_device, synchronize
 from cagkit.models import LoadedModel, load_model
-from cagkit.options import DEFAULT_CHUNK_TOKENS
+from cagkit.options import DEFAULT_CHUNK_TOKENS, EVAL_METHODS, KV_DTYPES
 from cagkit.placement import PLACEMENT_FIELDS, Placement
-from cagkit.store import DTYPE_BYTES, Hit, Store
+from cagkit.store import Hit, Store
 
-METHODS = ("native", "none", "source", "linear", "projector", "mot", "oracle")
 TRANSLATED = ("linear", "projector", "mot")
 RESULTS_DIR = Path("results")
 # Settings that may differ between a run and the file it resumes: more questions, or another copy of the store.
@@ -61,7 +60,7 @@ def run_eval(
     data: str | Path,
     source: str = "smollm2",
     target: str = "smollm2",
-    methods: list[str] = METHODS,
+    methods: list[str] = EVAL_METHODS,
     limit: int | None = None,
     top_k: int = 4,
     full_context: bool = False,
@@ -139,7 +138,7 @@ def run_eval(
         }
         previous = _load_previous(out, results)
         models = {m: source_lm if m == "source" else target_lm for m in methods}
-        stored_bytes = DTYPE_BYTES[st.settings.dtype]
+        stored_bytes = KV_DTYPES[st.settings.dtype]
         about = {m: {"model": models[m].name,
                      "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in ("native", "none", "oracle")
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
@@ -159,7 +158,7 @@ def run_eval(
                 about[m] = {k: entry[k] for k in ("model", "kv_bytes_per_token", "translator") if k in entry}
         records = {m: list(previous.get(m, {}).get("examples", [])) for m in about if m not in errors}
         # The command that reproduces the whole file: every method it holds, not only this run's.
-        held = [m for m in METHODS if m in about]
+        held = [m for m in EVAL_METHODS if m in about]
         results["command"] = _command(data, data_format, source, target, held, limit, top_k, full_context,
                                       max_new_tokens, store, out, placement, chunk_tokens)
         done = {m: {r["id"] for r in records[m]} for m in active}
@@ -345,9 +344,9 @@ def _recovery(records: list[dict], native: list[dict] | None) -> float | None:
 
 def _check_methods(methods: list[str]) -> list[str]:
     methods = list(dict.fromkeys(m.strip() for m in methods if m.strip()))
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in EVAL_METHODS]
     if unknown or not methods:
-        raise CagkitError(f"unknown --methods {', '.join(unknown) or '(none given)'}; use any of {', '.join(METHODS)}")
+        raise CagkitError(f"unknown --methods {', '.join(unknown) or '(none given)'}; use any of {', '.join(EVAL_METHODS)}")
     return methods
 
 

@@ -1,0 +1,80 @@
+"""Which target layers lose the context? Held-out recovery with one translated layer at a time (every other layer
+native), with a band of layers translated, and with the bottom or top half native.
+
+    python benchmarks/layer_damage.py [--source smollm2] [--target qwen] [--kind mot] [--bands 4] [--examples 20]
+                                      [--corpus DIR] [--out results/layer_damage-SOURCE-TARGET.json]
+
+The passages, continuations and scoring are the translator cards' (`cagkit.training.evaluate_translator` with
+`native_layer_sets`), so the "translated" row reproduces the cards' held-out scores. A layer's *damage* is 1 minus
+the KL recovery of the context where only that layer is translated: what translating that layer alone costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from cagkit.models import load_model
+from cagkit.training import TrainSettings, evaluate_translator
+from cagkit.translators import read_translator, translator_path
+
+
+def layer_sets(num_layers: int, bands: int) -> dict[str, tuple[int, ...]]:
+    """Context name -> the layers taken from the native prefill."""
+    every = range(num_layers)
+    half = num_layers // 2
+    sets = {f"only_{layer}_translated": tuple(i for i in every if i != layer) for layer in every}
+    edges = [round(b * num_layers / bands) for b in range(bands + 1)]
+    for lo, hi in zip(edges, edges[1:]):
+        sets[f"only_{lo}-{hi - 1}_translated"] = tuple(i for i in every if not lo <= i < hi)
+    sets[f"native_bottom_{half}"] = tuple(range(half))
+    sets[f"native_top_{num_layers - half}"] = tuple(range(half, num_layers))
+    return sets
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", default="smollm2")
+    parser.add_argument("--target", default="qwen")
+    parser.add_argument("--kind", default="mot", help="which shipped checkpoint of the pair (default: mot)")
+    parser.add_argument("--bands", type=int, default=4, help="contiguous bands of layers translated one at a time")
+    parser.add_argument("--examples", type=int, default=TrainSettings.heldout_examples)
+    parser.add_argument("--corpus", default=os.path.join(os.environ.get("CAGKIT_DATA", "../shared/data"), "corpus"))
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    source, target = load_model(args.source, "cpu"), load_model(args.target, "cpu")  # training code: CPU only
+    if not 1 <= args.bands <= target.num_layers:
+        parser.error(f"--bands {args.bands}: give 1 to {target.num_layers} (the target's layers)")
+    translator = read_translator(translator_path(args.source, args.target, args.kind))
+    settings = TrainSettings(heldout_examples=args.examples)
+    sets = layer_sets(target.num_layers, args.bands)
+    scores = evaluate_translator(translator, source, target, Path(args.corpus), settings, native_layer_sets=sets)
+    result = {"source": args.source, "target": args.target, "kind": args.kind, "examples": args.examples,
+              "layers": target.num_layers, "tasks": {}}
+    for task, block in (("next", scores), ("recall", scores["recall"])):
+        result["tasks"][task] = {"loss_recovery": block["recovery"], "kl_recovery": block["kl_recovery"]}
+        kl = block["kl_recovery"]
+        print(f"{task}: translated {block['recovery']['translated']:.2f} / {kl['translated']:.2f} "
+              f"(loss / KL recovery)")
+        per_layer = [1 - kl[f"only_{layer}_translated"] for layer in range(target.num_layers)]
+        print(f"  damage of one translated layer (1 - KL recovery), layers 0..{target.num_layers - 1}: "
+              + " ".join(f"{d:.3f}" for d in per_layer))
+        print(f"  sum over layers {sum(per_layer):.3f} against {1 - kl['translated']:.3f} with all translated")
+        for name in sets:
+            if not name.startswith("only_") or "-" in name:
+                print(f"  {name}: {block['recovery'][name]:.2f} / {kl[name]:.2f}")
+    out = Path(args.out or f"results/layer_damage-{args.source}-{args.target}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
