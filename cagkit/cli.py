@@ -96,12 +96,27 @@ def _cmd_translators_train(args) -> int:
                                     **({"token_window": args.token_window} if args.token_window != 1 else {}),
                                     **{name: getattr(args, name) for name in ("window", "width", "expert_hidden",
                                                                                "num_experts", "top_k", "expert_inputs")
-                                       if getattr(args, name) is not None}},
+                                       if getattr(args, name) is not None},
+                                    **_focus(args)},
                              **({"lr": args.lr} if args.lr is not None else {}))
     out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
                            out=args.out, kind=args.kind, work_dir=args.work_dir, settings=settings, init=args.init)
     print(f"wrote {out}")
     return 0
+
+
+def _focus(args) -> dict:
+    """The focused layers' sizes from --focus-layers and --focus-scale (3 when only the layers are given)."""
+    if not args.focus_layers:
+        if args.focus_scale is not None:
+            raise CagkitError("--focus-scale widens the layers --focus-layers names; pass --focus-layers too")
+        return {}
+    try:
+        layers = tuple(int(layer) for layer in args.focus_layers.split(","))
+    except ValueError:
+        raise CagkitError(f"--focus-layers {args.focus_layers}: give comma-separated target layer numbers, "
+                          f"e.g. 16 or 9,16") from None
+    return {"focus_layers": layers, "focus_scale": args.focus_scale if args.focus_scale is not None else 3}
 
 
 def _cmd_translators_score(args) -> int:
@@ -322,6 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what each expert reads: the shared trunk (trunk, the default), or one source layer each "
                         "plus the token identity (depth; the source window then defaults to one layer per "
                         "expert); mot only")
+    t.add_argument("--focus-layers", default=None, metavar="L,...",
+                   help="target layers that get --focus-scale times the trunk width and expert hidden units, e.g. "
+                        "those that `benchmarks/layer_damage.py` finds lose the most (default: none)")
+    t.add_argument("--focus-scale", type=int, default=None, metavar="F",
+                   help="how many times wider the --focus-layers' translators are (default: 3)")
     t.add_argument("--seed", type=int, default=0,
                    help="seeds the training passages, the initialisation and the batch order (default: %(default)s; "
                         "the held-out passages stay the same, so runs of other seeds compare)")

@@ -588,6 +588,8 @@ def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
         config.pop("token_window")
     if config["expert_inputs"] == "trunk":  # and for what the experts read, added after that
         config.pop("expert_inputs")
+    if not config["focus_layers"]:  # and for focused layers, added after that
+        config.pop("focus_layers"), config.pop("focus_scale")
     return hashlib.sha256(json.dumps([config, shaping], sort_keys=True).encode()).hexdigest()[:10]
 
 

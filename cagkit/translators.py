@@ -73,6 +73,17 @@ class TranslatorConfig:
     # source layer of the window each plus the token identity (`depth`: expert e reads layer e mod window), so
     # the router's choice is a choice of source depth.
     expert_inputs: str = "trunk"
+    # Target layers whose trunk width and expert hidden units are `focus_scale` times the others' (none in every
+    # shipped checkpoint): more capacity where translating a layer loses the most (benchmarks/layer_damage.py).
+    focus_layers: tuple[int, ...] = ()
+    focus_scale: int = 1
+
+    def __post_init__(self):
+        self.focus_layers = tuple(int(layer) for layer in self.focus_layers)  # a list when read back from JSON
+
+    def layer_scale(self, target_layer: int) -> int:
+        """How many times the default width and expert hidden units `target_layer`'s translator has."""
+        return self.focus_scale if target_layer in self.focus_layers else 1
 
     @property
     def target_kv_dim(self) -> int:
@@ -106,11 +117,17 @@ class TranslatorConfig:
                                   f"{', '.join(EXPERT_INPUTS)}")
         if sizes.get("expert_inputs") == "depth":  # one source layer per expert unless the window is given
             sizes.setdefault("window", sizes.get("num_experts", cls.num_experts))
+        if int(sizes.get("focus_scale", cls.focus_scale)) < 1:
+            raise TranslatorError(f"focus scale {sizes['focus_scale']} must be 1 or more")
         if sizes.get("top_k", cls.top_k) > sizes.get("num_experts", cls.num_experts):
             raise TranslatorError(f"top-k {sizes.get('top_k', cls.top_k)} is more than the "
                                   f"{sizes.get('num_experts', cls.num_experts)} experts; give a top-k of at most "
                                   f"the number of experts")
         s_cfg, t_cfg = _text_config(source), _text_config(target)
+        native = int(sizes.get("native_layers", cls.native_layers))
+        if bad := [layer for layer in sizes.get("focus_layers", ()) if not native <= layer < t_cfg.num_hidden_layers]:
+            raise TranslatorError(f"focus layer {bad[0]} is not a translated layer of the target; give layers "
+                                  f"{native} to {t_cfg.num_hidden_layers - 1}")
         sizes["window"] = min(sizes.get("window", cls.window), s_cfg.num_hidden_layers)
         source_dim = sizes["window"] * 2 * s_cfg.num_key_value_heads * _head_dim(s_cfg)
         target_dim = 2 * t_cfg.num_key_value_heads * _head_dim(t_cfg)
@@ -151,24 +168,25 @@ class LayerTranslator(nn.Module):
     # the second on the CPU (None). The result is the same up to rounding.
     dense_experts: bool | None = None
 
-    def __init__(self, cfg: TranslatorConfig, source_dim: int, in_dim: int):
+    def __init__(self, cfg: TranslatorConfig, source_dim: int, in_dim: int, scale: int = 1):
         super().__init__()
         out_dim = 2 * cfg.target_kv_dim
+        width, expert_hidden = cfg.width * scale, cfg.expert_hidden * scale
         self.kind, self.top_k, self.source_dim = cfg.kind, cfg.top_k, source_dim
         if cfg.kind == "linear":
             self.head = nn.Linear(source_dim, out_dim)
             return
         self.skip = nn.Sequential(nn.Linear(source_dim, cfg.skip_rank, bias=False), nn.Linear(cfg.skip_rank, out_dim))
         trunk_in = cfg.skip_rank + in_dim - source_dim
-        self.trunk = nn.Sequential(nn.Linear(trunk_in, cfg.width), nn.LayerNorm(cfg.width), nn.GELU())
-        self.router = nn.Linear(cfg.width, cfg.num_experts) if cfg.num_experts > 1 else None
+        self.trunk = nn.Sequential(nn.Linear(trunk_in, width), nn.LayerNorm(width), nn.GELU())
+        self.router = nn.Linear(width, cfg.num_experts) if cfg.num_experts > 1 else None
         # `depth`: expert e reads one source layer's block of the window (blocks are layer-major, each with the
         # token window's lags) and the token identity; `trunk`: every expert reads the trunk.
         self.depth_block = source_dim // cfg.window if cfg.expert_inputs == "depth" else None
         self.window = cfg.window
-        expert_in = cfg.width if self.depth_block is None else self.depth_block + in_dim - source_dim
+        expert_in = width if self.depth_block is None else self.depth_block + in_dim - source_dim
         self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(expert_in, cfg.expert_hidden), nn.GELU(), nn.Linear(cfg.expert_hidden, out_dim))
+            nn.Sequential(nn.Linear(expert_in, expert_hidden), nn.GELU(), nn.Linear(expert_hidden, out_dim))
             for _ in range(cfg.num_experts)
         )
         for expert in self.experts:  # experts start silent: the translator starts as its skip
@@ -238,7 +256,7 @@ class TranslatorNet(nn.Module):
         self.token_proj = nn.Linear(2 * cfg.target_embed_dim, cfg.token_dim) if uses_tokens else None
         source_dim = cfg.token_window * cfg.window * 2 * cfg.source_kv_dim
         in_dim = source_dim + (cfg.token_dim if uses_tokens else 0)
-        self.layers = nn.ModuleList(LayerTranslator(cfg, source_dim, in_dim) for _ in layers)
+        self.layers = nn.ModuleList(LayerTranslator(cfg, source_dim, in_dim, cfg.layer_scale(t)) for t in layers)
 
     def source_inputs(self, source: torch.Tensor, starts: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Per translated layer, its normalised source-window features [N, token_window * window * 2Fs] (N = B * T).

@@ -745,6 +745,37 @@ def test_translate_layout_and_file_round_trip(pair, tmp_path, monkeypatch, kind)
     assert cache.get_seq_length() == len(sink_ids(target)) + len(target_ids)
 
 
+def test_focused_layers_are_wider_and_survive_the_file_and_a_training_run(pair, corpus, tmp_path, monkeypatch):
+    """--focus-layers: only the named target layers get focus_scale times the width and expert hidden units; the
+    config round-trips through the checkpoint, and training resumes its own state, not an unfocused one's."""
+    source, target = pair
+    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path))
+    translator = _rounded_translator(pair, "mot", focus_layers=(3,), focus_scale=2)
+    cfg = translator.net.cfg
+    for t, layer in zip(cfg.translated_layers, translator.net.layers):
+        scale = 2 if t == 3 else 1
+        assert layer.trunk[0].out_features == SIZES["width"] * scale
+        assert all(e[0].out_features == SIZES["expert_hidden"] * scale for e in layer.experts)
+    loaded = read_translator(translator.save(translator_path("tiny-src", "tiny-tgt", "mot")))
+    assert loaded.net.cfg == cfg and loaded.net.cfg.focus_layers == (3,)
+    kv, ids, offsets = source_chunk(source, TEXT)
+    assert torch.equal(loaded.translate(kv, ids, offsets, TEXT, target)[0].keys,
+                       translator.translate(kv, ids, offsets, TEXT, target)[0].keys)
+    plain = TranslatorConfig.for_models("mot", *pair, **SIZES)
+    assert _config_key(cfg, tiny_settings()) != _config_key(plain, tiny_settings())
+    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "f.safetensors", work_dir=tmp_path,
+                            settings=tiny_settings(steps=2, sizes={**SIZES, "focus_layers": (2, 5), "focus_scale": 2}),
+                            log=lambda m: None)
+    trained = read_translator(path).net
+    assert (trained.cfg.focus_layers, trained.cfg.focus_scale) == ((2, 5), 2)
+    assert [layer.trunk[0].out_features for layer in trained.layers] == [32, 64, 32, 32, 64]
+    for bad, message in (({"focus_layers": (0,)}, "focus layer 0 is not a translated layer"),
+                         ({"focus_layers": (6,)}, "focus layer 6 is not a translated layer"),
+                         ({"focus_layers": (2,), "focus_scale": 0}, "focus scale 0 must be 1 or more")):
+        with pytest.raises(TranslatorError, match=message):
+            TranslatorConfig.for_models("mot", *pair, **{**SIZES, **bad})
+
+
 @pytest.mark.parametrize("token_window", [1, 3])
 def test_translating_chunks_together_equals_one_at_a_time(pair, token_window):
     source, target = pair
@@ -832,7 +863,8 @@ def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair,
     assert any(line.startswith("step 2/2") for line in logs)
     # a resumable state saved before the token window existed keeps its key: the default window is left out
     cfg, settings = TranslatorConfig.for_models("mot", *pair, **SIZES), tiny_settings()
-    before = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("token_window", "expert_inputs")}
+    before = {k: v for k, v in dataclasses.asdict(cfg).items()
+              if k not in ("token_window", "expert_inputs", "focus_layers", "focus_scale")}
     shaping = {k: v for k, v in dataclasses.asdict(settings).items()
                if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "attention_weight",
                             "full_vocab_kl", "heldout_prefix_tokens", "heldout_seed", "qa_data", "qa_format",
@@ -841,6 +873,7 @@ def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair,
     assert _config_key(cfg, settings) == key
     assert _config_key(dataclasses.replace(cfg, token_window=2), settings) != key
     assert _config_key(dataclasses.replace(cfg, expert_inputs="depth"), settings) != key
+    assert _config_key(dataclasses.replace(cfg, focus_layers=(2,), focus_scale=3), settings) != key
 
 
 def test_training_depth_experts_is_recorded_and_they_translate_chunks_as_one(pair, corpus, tmp_path):
