@@ -27,7 +27,6 @@ from cagkit.models import load_model
 from cagkit.training import TrainSettings, evaluate_translator
 from cagkit.translators import read_translator, translator_path
 
-
 SWEEPS = ("damage", "gain")
 
 
@@ -60,15 +59,15 @@ def main() -> int:
     parser.add_argument("--corpus", default=os.path.join(os.environ.get("CAGKIT_DATA", "../shared/data"), "corpus"))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    sweeps = args.sweeps.split(",")
+    if not sweeps or set(sweeps) - set(SWEEPS):
+        parser.error(f"--sweeps {args.sweeps}: give a comma-separated list of {', '.join(SWEEPS)}")
     torch.set_num_threads(1)
     source, target = load_model(args.source, "cpu"), load_model(args.target, "cpu")  # training code: CPU only
     if not 1 <= args.bands <= target.num_layers:
         parser.error(f"--bands {args.bands}: give 1 to {target.num_layers} (the target's layers)")
     translator = read_translator(translator_path(args.source, args.target, args.kind))
     settings = TrainSettings(heldout_examples=args.examples)
-    sweeps = args.sweeps.split(",")
-    if not sweeps or set(sweeps) - set(SWEEPS):
-        parser.error(f"--sweeps {args.sweeps}: give a comma-separated list of {', '.join(SWEEPS)}")
     sets = layer_sets(target.num_layers, args.bands, sweeps)
     scores = evaluate_translator(translator, source, target, Path(args.corpus), settings, native_layer_sets=sets)
     result = {"source": args.source, "target": args.target, "kind": args.kind, "examples": args.examples,

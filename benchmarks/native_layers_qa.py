@@ -59,7 +59,7 @@ def main() -> int:
     tag = "-".join(map(str, layers))
     out = args.out or f"results/native_layers-{args.source}-{args.target}-L{tag}.json"
     run_eval(args.data, source=args.source, target=args.target, methods=["mot"], limit=args.limit, top_k=args.top_k,
-             out=out, data_format="squad", blend=args.blend, blend_select="question")
+             out=out, blend=args.blend, blend_select="question")
     print(f"wrote {out}")
     return 0
 

@@ -346,7 +346,8 @@ def _check_methods(methods: list[str]) -> list[str]:
     methods = list(dict.fromkeys(m.strip() for m in methods if m.strip()))
     unknown = [m for m in methods if m not in EVAL_METHODS]
     if unknown or not methods:
-        raise CagkitError(f"unknown --methods {', '.join(unknown) or '(none given)'}; use any of {', '.join(EVAL_METHODS)}")
+        raise CagkitError(f"unknown --methods {', '.join(unknown) or '(none given)'}; "
+                          f"use any of {', '.join(EVAL_METHODS)}")
     return methods
 
 
