@@ -21,6 +21,7 @@ import torch
 
 from cagkit.evaluation.runner import run_eval
 from cagkit.kvcache import ChunkKV
+from cagkit.training import _with_native_layers  # the held-out sweeps' layer swap
 
 ask = importlib.import_module("cagkit.ask")  # the module; `cagkit.ask` the attribute is its function
 
@@ -49,9 +50,7 @@ def main() -> int:
             own = ask.chunk_alone_kv(lm, chunk.text)
             if own.num_tokens != kv.num_tokens:
                 raise SystemExit(f"the target's prefill has {own.num_tokens} tokens, the translation {kv.num_tokens}")
-            keys, values = kv.keys.float().clone(), kv.values.float().clone()
-            keys[layers], values[layers] = own.keys[layers].float(), own.values[layers].float()
-            out.append(ChunkKV(keys, values))
+            out.append(_with_native_layers(kv, ChunkKV(own.keys.float(), own.values.float()), layers))
         return out, ids
 
     ask._target_kv = with_native_layers

@@ -716,8 +716,7 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         native = ChunkKV(native.keys[:, len(sink):], native.values[:, len(sink):])
         contexts = {"none": [], "native": [native], "translated": [translated]}
         for k in native_bottom:
-            contexts[f"native_bottom_{k}"] = [ChunkKV(torch.cat([native.keys[:k], translated.keys[k:]]),
-                                                      torch.cat([native.values[:k], translated.values[k:]]))]
+            contexts[f"native_bottom_{k}"] = [_with_native_layers(translated, native, range(k))]
         if swap_halves:
             contexts["native_keys"] = [ChunkKV(native.keys, translated.values.to(native.values.dtype))]
             contexts["native_values"] = [ChunkKV(translated.keys.to(native.keys.dtype), native.values)]
