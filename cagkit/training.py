@@ -808,6 +808,7 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     if (settings.qa_skip or settings.qa_format) and not settings.qa_fraction:
         raise TranslatorError("--qa-skip and --qa-format shape question-answer continuations; pass --qa FILE "
                               "(and a --qa-fraction above 0) or leave them out")
+    TranslatorConfig.check_sizes(kind, settings.sizes)
     for heldout in (False, True):  # both kinds of text must be there before the long work starts
         corpus_files(corpus, heldout)
     if steps is not None:

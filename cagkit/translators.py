@@ -100,8 +100,8 @@ class TranslatorConfig:
         return list(range(max(first, 0), min(first + self.window, self.source_layers)))
 
     @classmethod
-    def for_models(cls, kind: str, source, target, **sizes) -> "TranslatorConfig":
-        """A config for a source and target model (anything with `.config`, e.g. `LoadedModel`)."""
+    def check_sizes(cls, kind: str, sizes: dict) -> None:
+        """Refuse a kind or sizes no translator can have, or sizes `kind` would ignore; needs no model."""
         if kind not in KINDS:
             raise TranslatorError(f"unknown translator kind '{kind}'; use one of {', '.join(KINDS)}")
         if int(sizes.get("token_window", cls.token_window)) < 1:
@@ -112,17 +112,27 @@ class TranslatorConfig:
         if kind != "mot" and ("num_experts" in sizes or "top_k" in sizes or "expert_inputs" in sizes):
             raise TranslatorError(f"a {kind} translator has no experts to choose from; the number of experts, "
                                   f"top-k and expert inputs are for --kind mot")
+        if kind == "linear" and (ignored := [name for name in ("width", "expert_hidden", "focus_layers")
+                                             if name in sizes]):
+            flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
+            raise TranslatorError(f"a linear translator is one ridge map per layer, with no trunk or experts to "
+                                  f"size: {flags} would change nothing; leave it out or use --kind projector or mot")
         if sizes.get("expert_inputs", cls.expert_inputs) not in EXPERT_INPUTS:
             raise TranslatorError(f"unknown expert inputs '{sizes['expert_inputs']}'; use one of "
                                   f"{', '.join(EXPERT_INPUTS)}")
-        if sizes.get("expert_inputs") == "depth":  # one source layer per expert unless the window is given
-            sizes.setdefault("window", sizes.get("num_experts", cls.num_experts))
         if int(sizes.get("focus_scale", cls.focus_scale)) < 1:
             raise TranslatorError(f"focus scale {sizes['focus_scale']} must be 1 or more")
         if sizes.get("top_k", cls.top_k) > sizes.get("num_experts", cls.num_experts):
             raise TranslatorError(f"top-k {sizes.get('top_k', cls.top_k)} is more than the "
                                   f"{sizes.get('num_experts', cls.num_experts)} experts; give a top-k of at most "
                                   f"the number of experts")
+
+    @classmethod
+    def for_models(cls, kind: str, source, target, **sizes) -> "TranslatorConfig":
+        """A config for a source and target model (anything with `.config`, e.g. `LoadedModel`)."""
+        cls.check_sizes(kind, sizes)
+        if sizes.get("expert_inputs") == "depth":  # one source layer per expert unless the window is given
+            sizes.setdefault("window", sizes.get("num_experts", cls.num_experts))
         s_cfg, t_cfg = _text_config(source), _text_config(target)
         native = int(sizes.get("native_layers", cls.native_layers))
         if bad := [layer for layer in sizes.get("focus_layers", ()) if not native <= layer < t_cfg.num_hidden_layers]:

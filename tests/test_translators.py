@@ -55,6 +55,7 @@ from cagkit.translators import (
 )
 
 SIZES = {"width": 32, "expert_hidden": 16, "token_dim": 16}
+LINEAR_SIZES = {"token_dim": 16}  # a ridge map has no trunk or experts to size
 TEXT = "The lighthouse keeper counted 1,204 ships — naïvely — before the storm of '89 reached Ålesund."
 
 
@@ -569,6 +570,16 @@ def test_a_corpus_without_heldout_or_training_text_is_refused_before_any_model_l
                              settings=tiny_settings(), log=lambda m: None)
 
 
+def test_sizes_a_kind_ignores_are_refused_before_any_model_loads(corpus, tmp_path, monkeypatch):
+    """`--kind linear --width 320` used to train a plain ridge map after the data was built, and say nothing."""
+    monkeypatch.setattr(training, "load_model", lambda *a, **k: pytest.fail("a model was loaded for bad sizes"))
+    for kind, sizes, message in (("linear", SIZES, "--width, --expert-hidden would change nothing"),
+                                 ("projector", {"num_experts": 2}, "for --kind mot")):
+        with pytest.raises(TranslatorError, match=message):
+            train_translator("tiny-src", "tiny-tgt", corpus, kind=kind, out=tmp_path / "u.safetensors",
+                             work_dir=tmp_path, settings=tiny_settings(sizes=sizes), log=lambda m: None)
+
+
 def test_training_prefix_length_and_seed_are_apart_from_the_heldout_ones(pair, corpus, tmp_path):
     """Other training prefixes or seeds change the data and the state, never the held-out passages the card is
     scored on."""
@@ -605,7 +616,7 @@ def test_training_with_the_whole_vocabulary_kl(pair, corpus, tmp_path):
 
 def test_overlap_alignment_trains_on_its_own_data_and_is_recorded(pair, corpus, tmp_path):
     path = train_translator("tiny-src", "tiny-tgt", corpus, kind="linear",
-                            settings=tiny_settings(sizes={**SIZES, "align_mode": "overlap"}),
+                            settings=tiny_settings(sizes={**LINEAR_SIZES, "align_mode": "overlap"}),
                             out=tmp_path / "t.safetensors", work_dir=tmp_path, log=lambda m: None)
     assert read_translator(path).net.cfg.align_mode == "overlap"
     assert [d.name for d in tmp_path.glob("data-*")] == ["data-overlap-p24c8k16-r0.5-seed0"]
@@ -614,7 +625,7 @@ def test_overlap_alignment_trains_on_its_own_data_and_is_recorded(pair, corpus, 
 def test_score_rescores_an_old_card_without_touching_the_weights(pair, corpus, tmp_path, capsys):
     from cagkit.cli import main
 
-    path = train_translator("tiny-src", "tiny-tgt", corpus, kind="linear", settings=tiny_settings(),
+    path = train_translator("tiny-src", "tiny-tgt", corpus, kind="linear", settings=tiny_settings(sizes=LINEAR_SIZES),
                             out=tmp_path / "t.safetensors", work_dir=tmp_path, log=lambda m: None)
     weights = path.read_bytes()
     trained = json.loads(card_path(path).read_text())["heldout"]
@@ -712,7 +723,8 @@ def _rounded_translator(pair, kind: str, **sizes) -> Translator:
     """An untrained translator whose weights are fp16-representable, so a file round trip is exact."""
     source, target = pair
     torch.manual_seed(0)
-    net = TranslatorNet(TranslatorConfig.for_models(kind, source, target, **{**SIZES, **sizes}))
+    net = TranslatorNet(TranslatorConfig.for_models(kind, source, target,
+                                                    **{**(LINEAR_SIZES if kind == "linear" else SIZES), **sizes}))
     with torch.no_grad():
         for p in net.parameters():
             p.copy_(p.half().float())
@@ -846,6 +858,11 @@ def test_translator_sizes_shape_the_layers_and_bad_sizes_are_refused():
         TranslatorConfig.for_models("projector", _Shape(), _Shape(), num_experts=4)
     with pytest.raises(TranslatorError, match="for --kind mot"):
         TranslatorConfig.for_models("projector", _Shape(), _Shape(), expert_inputs="depth")
+    with pytest.raises(TranslatorError, match="a linear translator .* --width, --expert-hidden would change nothing"):
+        TranslatorConfig.for_models("linear", _Shape(), _Shape(), width=12, expert_hidden=10)
+    with pytest.raises(TranslatorError, match="--focus-layers would change nothing"):
+        TranslatorConfig.for_models("linear", _Shape(), _Shape(), focus_layers=(1,), focus_scale=3)
+    assert TranslatorConfig.for_models("linear", _Shape(), _Shape(), window=2).window == 2  # a window it reads
     with pytest.raises(TranslatorError, match="unknown expert inputs 'layers'; use one of trunk, depth"):
         TranslatorConfig.for_models("mot", _Shape(), _Shape(), expert_inputs="layers")
     # depth experts take one source layer each: the window follows the number of experts unless given
