@@ -17,8 +17,9 @@ from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
 from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache, synchronize
 from cagkit.models import LoadedModel, load_model
-from cagkit.options import ASK_MODES as MODES, DEFAULT_STORE
+from cagkit.options import ASK_MODES as MODES, DEFAULT_RETRIEVAL, DEFAULT_STORE
 from cagkit.placement import Placement
+from cagkit.retrieval import check_retrieval
 from cagkit.rope import RotaryTables
 from cagkit.store import Hit, Store, StoredChunk
 
@@ -34,16 +35,19 @@ class Answer:
     mode: str
     context_tokens: int = 0
     placement: dict = field(default_factory=dict)  # the ask-time options (`Placement.settings`); {} for native
+    retrieval: str | None = None  # how `ask` ranked the chunks (`cagkit.retrieval`); None when they were given
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def retrieve(store: Store, question: str, top_k: int) -> list[Hit]:
-    """The `top_k` chunks of `store` closest to `question`, best first."""
+def retrieve(store: Store, question: str, top_k: int, retrieval: str = DEFAULT_RETRIEVAL,
+             documents: list[str] | None = None) -> list[Hit]:
+    """The `top_k` chunks of `store` (of its `documents` only, when given) best for `question`, best first,
+    ranked by `retrieval`: `hybrid` (embedding and BM25 rankings fused), `dense` or `lexical`."""
     if top_k < 1:
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
-    return store.search(embed_query(question), top_k)
+    return store.search(embed_query(question), top_k, text=question, retrieval=retrieval, documents=documents)
 
 
 def ask(
@@ -58,6 +62,7 @@ def ask(
     blend: float = Placement.blend,
     blend_select: str = Placement.blend_select,
     device: str | None = None,
+    retrieval: str = DEFAULT_RETRIEVAL,
 ) -> Answer:
     """Answer `question` from the documents in `store` with `model`.
 
@@ -83,9 +88,12 @@ def ask(
             question) or `deviation` (CacheBlend's choice).
         device: where the target runs: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a GPU), `cpu`,
             `cuda` or `cuda:N`. Stored and translated KV is moved there as it is placed.
+        retrieval: how the chunks are ranked: `hybrid` (default: the embedding's and BM25's rankings fused),
+            `dense` (the embedding alone) or `lexical` (BM25 alone); see `cagkit.retrieval`.
     """
     if mode not in MODES:
         raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
+    check_retrieval(retrieval)
     if not question.strip():
         raise CagkitError("the question is empty; pass the question as the last argument")
     if max_new_tokens < 1:
@@ -94,10 +102,12 @@ def ask(
     try:
         lm = load_model(model, device)
         t0 = time.perf_counter()
-        hits = retrieve(opened, question, top_k)
+        hits = retrieve(opened, question, top_k, retrieval)
         t1 = time.perf_counter()
-        return answer_from_chunks(lm, opened, hits, question, mode, max_new_tokens, on_text, started=t0, retrieved=t1,
-                                  placement=Placement(recompute_layers, blend, blend_select))
+        answer = answer_from_chunks(lm, opened, hits, question, mode, max_new_tokens, on_text, started=t0,
+                                    retrieved=t1, placement=Placement(recompute_layers, blend, blend_select))
+        answer.retrieval = retrieval
+        return answer
     finally:
         if opened is not store:
             opened.close()

@@ -13,8 +13,8 @@ from pathlib import Path
 from cagkit import __version__
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS
-from cagkit.options import (ALIGN_MODES, ASK_MODES, DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE, EVAL_METHODS,
-                            EXPERT_INPUTS, KV_DTYPES, TRANSLATOR_KINDS)
+from cagkit.options import (ALIGN_MODES, ASK_MODES, DEFAULT_CHUNK_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_SOURCE,
+                            DEFAULT_STORE, EVAL_METHODS, EXPERT_INPUTS, KV_DTYPES, RETRIEVAL_MODES, TRANSLATOR_KINDS)
 from cagkit.placement import BLEND_SELECT, Placement
 
 DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
@@ -44,7 +44,7 @@ def _cmd_ask(args) -> int:
     stream = None if args.json else (lambda piece: print(piece, end="", flush=True))
     result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
                  max_new_tokens=args.max_new_tokens, on_text=stream, recompute_layers=args.recompute_layers,
-                 blend=args.blend, blend_select=args.blend_select, device=args.device)
+                 blend=args.blend, blend_select=args.blend_select, device=args.device, retrieval=args.retrieval)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -197,7 +197,7 @@ def _cmd_eval(args) -> int:
                    limit=args.limit, top_k=args.top_k, full_context=args.full_context, out=args.out,
                    data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store,
                    chunk_tokens=args.chunk_tokens, recompute_layers=args.recompute_layers, blend=args.blend,
-                   blend_select=args.blend_select, device=args.device)
+                   blend_select=args.blend_select, device=args.device, retrieval=args.retrieval)
     print(f"wrote {out}")
     return 0
 
@@ -256,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=store_default, help="store directory (default: %(default)s, or $CAGKIT_STORE)")
     p.add_argument("--model", default="smollm2", help="target model (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
+    _add_retrieval_option(p)
     p.add_argument("--mode", default="mot", choices=ASK_MODES,
                    help="mot: translate the stored KV (default); native: the target prefills the chunk text; "
                         "linear/projector: single-path baseline translators; oracle (diagnostic): the target "
@@ -263,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_placement_options(p)
     p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object: answer, sources, timings, model, mode, "
-                                                             "context_tokens and placement")
+                                                             "context_tokens, placement and retrieval")
     _add_device_option(p)
     p.set_defaults(func=_cmd_ask)
 
@@ -383,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
     p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
     p.add_argument("--full-context", action="store_true", help="give every method the whole context, no retrieval")
+    _add_retrieval_option(p)
     _add_placement_options(p)
     p.add_argument("--max-new-tokens", type=int, default=24, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--store", default=None,
@@ -409,6 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     p.set_defaults(func=_cmd_compare)
     return parser
+
+
+def _add_retrieval_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retrieval", default=DEFAULT_RETRIEVAL, choices=RETRIEVAL_MODES,
+                   help="how chunks are ranked for the question: hybrid (the embedding's and BM25's rankings fused "
+                        "by reciprocal rank), dense (the embedding alone) or lexical (BM25 alone) (default: "
+                        "%(default)s)")
 
 
 def _add_placement_options(p: argparse.ArgumentParser) -> None:

@@ -47,7 +47,8 @@ from cagkit.ask import MODES, Answer, Placement, answer_from_chunks, retrieve
 from cagkit.errors import CagkitError
 from cagkit.ingest import IngestReport, ingest_texts
 from cagkit.models import load_model
-from cagkit.options import DEFAULT_STORE
+from cagkit.options import DEFAULT_RETRIEVAL, DEFAULT_STORE
+from cagkit.retrieval import check_retrieval
 from cagkit.store import Hit, Store
 
 # Metadata keys that locate a node's chunk in the store; not for embedding or for an LLM's prompt.
@@ -74,17 +75,24 @@ def ingest_documents(
 
 
 class CAGRetriever(BaseRetriever):
-    """The `similarity_top_k` chunks of a cagkit store closest to the query, as LlamaIndex nodes, best first."""
+    """The `similarity_top_k` chunks of a cagkit store best for the query, as LlamaIndex nodes, best first.
+
+    `retrieval` ranks them as `cagkit ask --retrieval` does: `hybrid` (default: the embedding's and BM25's
+    rankings fused), `dense` or `lexical`; each node's score is the one it was ranked by (cosine similarity,
+    BM25, or the fused reciprocal-rank score)."""
 
     def __init__(
         self,
         store: str | Path | Store = DEFAULT_STORE,
         similarity_top_k: int = 4,
+        retrieval: str = DEFAULT_RETRIEVAL,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
         if similarity_top_k < 1:
             raise CagkitError(f"similarity_top_k must be at least 1, got {similarity_top_k}")
+        check_retrieval(retrieval)
+        self.retrieval = retrieval
         self.store_path = store.path if isinstance(store, Store) else Path(store)
         self.similarity_top_k = similarity_top_k
         self._local = threading.local()
@@ -98,7 +106,7 @@ class CAGRetriever(BaseRetriever):
         return self._local.store
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        hits = retrieve(self._store(), query_bundle.query_str, self.similarity_top_k)
+        hits = retrieve(self._store(), query_bundle.query_str, self.similarity_top_k, self.retrieval)
         return [NodeWithScore(node=_node(hit), score=hit.score) for hit in hits]
 
 

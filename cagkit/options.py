@@ -10,6 +10,9 @@ ASK_MODES = ("mot", "native", "linear", "projector", "oracle")  # cagkit.ask: wh
 EVAL_METHODS = ("native", "none", "source", "linear", "projector", "mot", "oracle")
 TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translators
 EXPERT_INPUTS = ("trunk", "depth")  # cagkit.translators: what each MoT expert reads
+# cagkit.retrieval: how chunks are ranked for a question (hybrid: embedding and BM25 rankings fused)
+RETRIEVAL_MODES = ("hybrid", "dense", "lexical")
+DEFAULT_RETRIEVAL = "hybrid"
 KV_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}  # cagkit.store: the dtypes stored KV may take, and their bytes
 
 # most source tokens per stored chunk; 256 keeps a chunk, once translated, well inside Gemma 3's 512-token

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 from safetensors import safe_open
@@ -90,6 +90,17 @@ class Hit:
 
 
 @dataclass
+class _SearchIndex:
+    """Every chunk of a store as `Store.search` ranks it, in chunk-id order."""
+
+    ids: np.ndarray  # [N] chunk ids
+    embeddings: np.ndarray  # [N, E] unit chunk embeddings
+    paths: np.ndarray  # [N] each chunk's document path (or id)
+    texts: list[str]
+    lexical: object = None  # the `cagkit.retrieval.LexicalIndex` of `texts`, built on the first lexical search
+
+
+@dataclass
 class StoredChunk:
     """A chunk's text and its source-model KV, as loaded from the store."""
 
@@ -124,7 +135,7 @@ class Store:
         self.path = path
         self._conn = conn
         self.settings = settings
-        self._matrix: tuple[np.ndarray, np.ndarray] | None = None  # (chunk ids [N], embeddings [N, E])
+        self._index: _SearchIndex | None = None  # what search ranks, read from the manifest on first use
         self._lock = None  # held while open for writing, so two ingests never interleave
 
     # -- opening -------------------------------------------------------------------------------------------
@@ -251,7 +262,7 @@ class Store:
             )
         if old is not None and old.kv_file != kv_file:
             (self.path / "kv" / old.kv_file).unlink(missing_ok=True)
-        self._matrix = None
+        self._index = None
 
     def has_sentences(self, doc: Document) -> bool:
         """True when every chunk of `doc` has its sentence spans and embeddings in its KV file."""
@@ -286,7 +297,7 @@ class Store:
             self._conn.execute("DELETE FROM documents WHERE id = ?", (old.id,))
         if not self._conn.execute("SELECT 1 FROM documents WHERE kv_file = ?", (old.kv_file,)).fetchone():
             (self.path / "kv" / old.kv_file).unlink(missing_ok=True)
-        self._matrix = None
+        self._index = None
 
     def summary(self) -> dict:
         """What the store holds, for people and scripts (`cagkit store info`): its settings, totals and, per
@@ -316,25 +327,46 @@ class Store:
 
     # -- retrieval and loading -----------------------------------------------------------------------------
 
-    def search(self, query: np.ndarray, top_k: int) -> list[Hit]:
-        """The `top_k` chunks most similar to a unit-normalised query embedding [E], best first."""
-        if self._matrix is None:
-            rows = self._conn.execute("SELECT id, embedding FROM chunks ORDER BY id").fetchall()
-            ids = np.array([r[0] for r in rows], dtype=np.int64)
-            matrix = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows]) if rows else np.zeros((0, 0), np.float32)
-            self._matrix = (ids, matrix)
-        ids, matrix = self._matrix
-        if len(ids) == 0:
+    def search(self, query: np.ndarray, top_k: int, text: str | None = None, retrieval: str = "dense",
+               documents: Iterable[str] | None = None) -> list[Hit]:
+        """The `top_k` chunks best for a question, best first.
+
+        `query` is the question's unit-normalised embedding [E] and `text` the question itself, which `lexical`
+        and `hybrid` retrieval need (`cagkit.retrieval`); `dense` ranks by the embedding alone. With
+        `documents` (paths or ids as stored) only their chunks are candidates; the lexical statistics stay
+        those of the whole store. Each hit's `score` is the one it was ranked by.
+        """
+        from cagkit.retrieval import LexicalIndex, check_retrieval, rank
+
+        check_retrieval(retrieval)
+        if self._index is None:
+            rows = self._conn.execute(
+                "SELECT c.id, c.embedding, d.path, c.text FROM chunks c JOIN documents d ON d.id = c.doc_id "
+                "ORDER BY c.id").fetchall()
+            self._index = _SearchIndex(
+                np.array([r[0] for r in rows], dtype=np.int64),
+                np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows]) if rows else np.zeros((0, 0), np.float32),
+                np.array([r[2] for r in rows], dtype=object), [r[3] for r in rows])
+        index = self._index
+        if len(index.ids) == 0:
             raise StoreError(f"store {self.path} holds no documents; add some with `cagkit ingest DOCS --store {self.path}`")
-        scores = matrix @ query.astype(np.float32)  # [N]
-        best = np.argsort(-scores, kind="stable")[:top_k]
+        candidates = np.arange(len(index.ids))
+        if documents is not None:
+            candidates = np.flatnonzero(np.isin(index.paths, list(documents)))
+        dense = index.embeddings[candidates] @ query.astype(np.float32)  # [C]
+        lexical = None
+        if retrieval != "dense" and text is not None:
+            if index.lexical is None:
+                index.lexical = LexicalIndex(index.texts)  # built once per open store, on the first such search
+            lexical = index.lexical.scores(text)[candidates]
+        best, scores = rank(dense, lexical, retrieval, top_k)
         hits = []
-        for i in best:
+        for i, score in zip(candidates[best], scores):
             row = self._conn.execute(
                 "SELECT d.path, c.idx, c.text, d.metadata FROM chunks c JOIN documents d ON d.id = c.doc_id WHERE c.id = ?",
-                (int(ids[i]),),
+                (int(index.ids[i]),),
             ).fetchone()
-            hits.append(Hit(int(ids[i]), row[0], row[1], row[2], float(scores[i]), _metadata(row[3])))
+            hits.append(Hit(int(index.ids[i]), row[0], row[1], row[2], float(score), _metadata(row[3])))
         return hits
 
     def chunk_ids(self, path: str) -> list[int]:

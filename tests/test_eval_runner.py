@@ -156,6 +156,18 @@ def test_resume_computes_only_what_is_missing(data, tmp_path, monkeypatch):
     assert len(calls) == 2
     with pytest.raises(CagkitError, match="top_k"):
         run_eval(limit=3, top_k=2, **args)
+    assert run["settings"]["retrieval"] == "hybrid" and "--retrieval" not in run["command"]
+    with pytest.raises(CagkitError, match=r"other settings \(retrieval differ\)"):
+        run_eval(limit=3, retrieval="dense", **args)
+    # a file written before --retrieval existed was ranked by the embedder alone: a dense run resumes it
+    del run["settings"]["retrieval"]
+    (tmp_path / "results.json").write_text(json.dumps(run))
+    with pytest.raises(CagkitError, match="retrieval differ"):
+        run_eval(limit=3, **args)
+    run_eval(limit=3, retrieval="dense", **args)
+    assert len(calls) == 2
+    resumed = json.loads((tmp_path / "results.json").read_text())
+    assert resumed["settings"]["retrieval"] == "dense" and "--retrieval dense" in resumed["command"]
 
 
 def test_eval_chunk_tokens_builds_its_own_store_and_results(data, tmp_path, monkeypatch):

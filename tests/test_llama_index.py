@@ -65,6 +65,12 @@ def test_retriever_finds_the_chunk_with_the_fact(store):
     with Store.open(store) as st:
         stored = st.load_chunk(meta["chunk_id"])
     assert (stored.doc_path, stored.idx, stored.text) == (meta["doc_path"], meta["chunk_index"], nodes[0].node.text)
+    for mode in ("dense", "lexical"):  # the default fuses these two rankings
+        ranked = CAGRetriever(store=store, similarity_top_k=3, retrieval=mode).retrieve(
+            "How often is the lighthouse lens polished?")
+        assert FACTS["lighthouse"] in ranked[0].node.get_content()
+    with pytest.raises(CagkitError, match="--retrieval must be one of hybrid, dense, lexical, got 'sparse'"):
+        CAGRetriever(store=store, retrieval="sparse")
 
 
 def test_retriever_composes_with_llama_index_engines_and_retrievers(store):

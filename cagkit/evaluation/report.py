@@ -139,8 +139,16 @@ def _method_order(runs: list[dict]) -> list[str]:
 
 
 def _label(run: dict) -> str:
-    options = Placement.from_settings(run.get("settings") or {}).describe()
-    return f"{run['source']} → {run['target']}, {Path(run['dataset']).name}{options}"
+    return f"{run['source']} → {run['target']}, {_data_label(run)}"
+
+
+def _data_label(run: dict) -> str:
+    """The data set and how the run gave it to the models: 'dev-v2.0.part-a.json, hybrid retrieval, blend 0.15
+    by question'. Dense retrieval (every run before the others existed) goes unnamed."""
+    settings = run.get("settings") or {}
+    retrieval = settings.get("retrieval", "dense")
+    named = "" if settings.get("full_context") or retrieval == "dense" else f", {retrieval} retrieval"
+    return Path(run["dataset"]).name + named + Placement.from_settings(settings).describe()
 
 
 def summary(runs: list[dict]) -> list[str]:
@@ -165,7 +173,7 @@ def summary(runs: list[dict]) -> list[str]:
             mot, native, baseline = quality.get("mot"), quality.get("native"), quality.get(best)
             cells = [
                 f"{run['source']} → {run['target']}",
-                Path(run["dataset"]).name + Placement.from_settings(run.get("settings") or {}).describe(),
+                _data_label(run),
                 f"{n}" if n else _DASH,
                 *[f"{_fmt(_quality(scores[m], closed_set), '.3f')} ({short[m]} q)" if m in short
                   else _fmt(quality.get(m), ".3f") for m in methods],
@@ -243,10 +251,13 @@ def compare(specs: list[str]) -> list[dict]:
 
 def _placement_label(settings: dict) -> str:
     """How a run placed the context: 'top-4, blend 0.15 by question', 'top-1, as stored', 'whole context, ...';
-    a chunk size other than the default is named: 'top-8 of 128-token chunks, ...'."""
+    a chunk size other than the default is named: 'top-8 of 128-token chunks, ...', and so is a retrieval other
+    than dense: 'top-4 by hybrid retrieval, ...'."""
     retrieval = "whole context" if settings.get("full_context") else f"top-{settings.get('top_k', '?')}"
     if settings.get("chunk_tokens", DEFAULT_CHUNK_TOKENS) != DEFAULT_CHUNK_TOKENS:
         retrieval += f" of {settings['chunk_tokens']}-token chunks"
+    if not settings.get("full_context") and settings.get("retrieval", "dense") != "dense":
+        retrieval += f" by {settings['retrieval']} retrieval"
     return retrieval + (Placement.from_settings(settings).describe() or ", as stored")
 
 

@@ -36,9 +36,8 @@ from pathlib import Path
 
 import torch
 
-from cagkit.ask import answer_from_chunks, build_context_cache
+from cagkit.ask import answer_from_chunks, build_context_cache, retrieve
 from cagkit.cards import translator_path
-from cagkit.embeddings import embed_query
 from cagkit.documents import check_chunk_tokens
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
@@ -46,8 +45,9 @@ from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest import ingest
 from cagkit.kvcache import model_device, synchronize
 from cagkit.models import LoadedModel, load_model
-from cagkit.options import DEFAULT_CHUNK_TOKENS, EVAL_METHODS, KV_DTYPES
+from cagkit.options import DEFAULT_CHUNK_TOKENS, DEFAULT_RETRIEVAL, EVAL_METHODS, KV_DTYPES
 from cagkit.placement import PLACEMENT_FIELDS, Placement
+from cagkit.retrieval import check_retrieval
 from cagkit.store import Hit, Store
 
 TRANSLATED = ("linear", "projector", "mot")
@@ -73,6 +73,7 @@ def run_eval(
     blend: float = Placement.blend,
     blend_select: str = Placement.blend_select,
     device: str | None = None,
+    retrieval: str = DEFAULT_RETRIEVAL,
 ) -> Path:
     """Evaluate `methods` on the questions of `data` and write the results JSON; returns its path.
 
@@ -95,11 +96,14 @@ def run_eval(
         blend_select: which tokens the blend recomputes (`Placement.blend_select`).
         device: where both models run (`cagkit.models.resolve_device`); recorded in the results as `device`.
             A run may be resumed on another device, but its time-to-first-token figures then mix the two.
-        The three placement options are recorded in the settings, and a results file is resumed only by a run
-        with the same ones.
+        retrieval: how each question's chunks are ranked (`cagkit.retrieval`: hybrid, dense or lexical); no
+            effect with `full_context`. Results files written before it was an option used `dense`.
+        The three placement options and the retrieval are recorded in the settings, and a results file is
+        resumed only by a run with the same ones.
     """
     placement = Placement(recompute_layers, blend, blend_select)
     methods = _check_methods(methods)
+    check_retrieval(retrieval)
     if top_k < 1:
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
     if max_new_tokens < 1:
@@ -123,14 +127,14 @@ def run_eval(
     with Store.open(store_path) as st:
         settings = {"top_k": top_k, "full_context": full_context, "limit": limit, "max_new_tokens": max_new_tokens,
                     "chunk_tokens": st.settings.chunk_tokens, "store_dtype": st.settings.dtype,
-                    "store": str(store_path)}
+                    "store": str(store_path), "retrieval": retrieval}
         settings.update(placement.settings())
         results = {
             "dataset": str(data), "format": data_format, "source": source_lm.name, "target": target_lm.name,
             "fingerprints": {"source": source_lm.fingerprint, "target": target_lm.fingerprint},
             "settings": settings,
             "command": _command(data, data_format, source, target, methods, limit, top_k, full_context,
-                                max_new_tokens, store, out, placement, chunk_tokens),
+                                max_new_tokens, store, out, placement, chunk_tokens, retrieval),
             "ttft": "from after retrieval to the first answer token's logits",
             "device": str(target_lm.device),
             "complete": False,
@@ -160,14 +164,14 @@ def run_eval(
         # The command that reproduces the whole file: every method it holds, not only this run's.
         held = [m for m in EVAL_METHODS if m in about]
         results["command"] = _command(data, data_format, source, target, held, limit, top_k, full_context,
-                                      max_new_tokens, store, out, placement, chunk_tokens)
+                                      max_new_tokens, store, out, placement, chunk_tokens, retrieval)
         done = {m: {r["id"] for r in records[m]} for m in active}
 
         for number, (example, paths) in enumerate(zip(examples, doc_paths), start=1):
             todo = [m for m in active if example.id not in done[m]]
             if not todo:
                 continue
-            hits = example_hits(st, example.question, paths, top_k, full_context)
+            hits = example_hits(st, example.question, paths, top_k, full_context, retrieval)
             line = []
             for m in todo:
                 record = evaluate_example(models[m], st, [] if m == "none" else hits, example, _mode(m),
@@ -208,16 +212,15 @@ def write_documents(examples: list[Example], folder: Path) -> list[list[str]]:
     return per_example
 
 
-def example_hits(store: Store, question: str, doc_paths: list[str], top_k: int, full_context: bool) -> list[Hit]:
-    """The chunks one question is answered from: the `top_k` of its own documents closest to the question, best
-    first, or with `full_context` all their chunks in document order."""
-    wanted = set(doc_paths)
-    # Store.search ranks the whole store; keeping the example's documents afterwards restricts retrieval to them.
-    ranked = [h for h in store.search(embed_query(question), store.num_chunks()) if h.doc_path in wanted]
+def example_hits(store: Store, question: str, doc_paths: list[str], top_k: int, full_context: bool,
+                 retrieval: str = DEFAULT_RETRIEVAL) -> list[Hit]:
+    """The chunks one question is answered from: the `top_k` of its own documents best for the question under
+    `retrieval`, best first, or with `full_context` all their chunks in document order."""
     if full_context:
+        every = retrieve(store, question, store.num_chunks(), "dense", documents=doc_paths)
         order = {p: i for i, p in enumerate(doc_paths)}
-        return sorted(ranked, key=lambda h: (order[h.doc_path], h.idx))
-    return ranked[:top_k]
+        return sorted(every, key=lambda h: (order[h.doc_path], h.idx))
+    return retrieve(store, question, top_k, retrieval, documents=doc_paths)
 
 
 # --- answering and scoring one question
@@ -403,6 +406,7 @@ def _identity(results: dict) -> dict:
     """What must match for a run to continue another's results file."""
     recorded = results.get("settings") or {}
     settings = {k: v for k, v in recorded.items() if k not in _RESUMABLE_CHANGES and k not in PLACEMENT_FIELDS}
+    settings["retrieval"] = None if settings.get("full_context") else settings.get("retrieval", "dense")
     keys = ("dataset", "format", "source", "target", "fingerprints")
     return {**{k: results.get(k) for k in keys}, **settings, **Placement.from_settings(recorded).effective().settings()}
 
@@ -421,7 +425,8 @@ def _documents_dir(store: Path) -> Path:
 
 
 def _command(data, data_format, source, target, methods, limit, top_k, full_context, max_new_tokens, store,
-             out, placement: Placement = Placement(), chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> str:
+             out, placement: Placement = Placement(), chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+             retrieval: str = DEFAULT_RETRIEVAL) -> str:
     args = ["cagkit", "eval", "--data", str(data), "--format", data_format, "--source", source, "--target", target,
             "--methods", ",".join(methods), "--top-k", str(top_k), "--max-new-tokens", str(max_new_tokens)]
     if chunk_tokens != DEFAULT_CHUNK_TOKENS:
@@ -430,6 +435,8 @@ def _command(data, data_format, source, target, methods, limit, top_k, full_cont
         args += ["--limit", str(limit)]
     if full_context:
         args.append("--full-context")
+    elif retrieval != DEFAULT_RETRIEVAL:
+        args += ["--retrieval", retrieval]
     if store is not None:
         args += ["--store", str(store)]
     args += placement.cli_args()

@@ -1,0 +1,89 @@
+"""Retrieval: BM25 against a hand computation, reciprocal rank fusion, the store's modes and document filter, and
+the example documents' own question, which the embedder alone misses."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cagkit.ask import retrieve
+from cagkit.errors import CagkitError
+from cagkit.ingest import ingest
+from cagkit.retrieval import RRF_K, LexicalIndex, rank, terms
+from cagkit.store import Store
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "docs"
+
+
+def test_terms_are_lower_cased_words_of_any_script_without_stopwords():
+    assert terms("What is the Seine's length, in 2024? Ålesund ÉCOLE") == ["seine", "s", "length", "2024",
+                                                                          "ålesund", "école"]
+    assert terms("the of and") == []
+
+
+def test_bm25_matches_a_hand_computation():
+    texts = ["lighthouse keeper lighthouse", "bakery oven", "keeper of the bakery oven and the lighthouse"]
+    index = LexicalIndex(texts)
+    lengths = [3, 2, 4]  # stopwords ("of", "the", "and") are not counted
+    mean = sum(lengths) / 3
+
+    def part(tf, length, df):
+        idf = math.log(1 + (3 - df + 0.5) / (df + 0.5))
+        return idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * length / mean))
+
+    expected = [part(2, 3, 2) + part(1, 3, 2), 0.0, part(1, 4, 2) + part(1, 4, 2)]
+    np.testing.assert_allclose(index.scores("Where is the lighthouse keeper?"), expected, rtol=1e-12)
+    assert index.scores("oven")[1] > index.scores("oven")[2] > 0  # the same count weighs more in a shorter text
+    assert not index.scores("the of").any() and not index.scores("zeppelin").any()
+    assert LexicalIndex([]).scores("anything").shape == (0,)
+
+
+def test_rank_orders_by_each_mode_and_fuses_reciprocal_ranks():
+    dense = np.array([0.9, 0.5, 0.1, 0.4])
+    lexical = np.array([0.0, 2.0, 7.0, 1.0])
+    assert rank(dense, lexical, "dense", 4)[0].tolist() == [0, 1, 3, 2]
+    assert rank(dense, lexical, "lexical", 2)[0].tolist() == [2, 1]
+    order, scores = rank(dense, lexical, "hybrid", 4)
+    # 0-based ranks dense [0, 1, 3, 2] and lexical [3, 1, 0, 2]: chunk 1 is second in both and wins
+    fused = {i: 1 / (RRF_K + 1 + d) + 1 / (RRF_K + 1 + w) for i, (d, w) in enumerate([(0, 3), (1, 1), (3, 0), (2, 2)])}
+    assert order[0] == 1 and scores.tolist() == sorted(scores.tolist(), reverse=True)
+    np.testing.assert_allclose(scores, [fused[i] for i in order])
+    with pytest.raises(CagkitError, match="hybrid retrieval needs the question's text"):
+        rank(dense, None, "hybrid", 2)
+    with pytest.raises(CagkitError, match="--retrieval must be one of hybrid, dense, lexical, got 'bm25'"):
+        rank(dense, lexical, "bm25", 2)
+
+
+@pytest.fixture(scope="module")
+def example_store(tiny_llama, tmp_path_factory):
+    """The bundled example documents, chunked as `make demo` chunks them (the SmolLM2 tokenizer, 256 tokens)."""
+    path = tmp_path_factory.mktemp("examples") / "store"
+    ingest([EXAMPLES], store=path, source="tiny-llama", progress=False)
+    return path
+
+
+def test_hybrid_retrieval_ranks_the_demo_s_answer_above_what_the_embedder_prefers(example_store):
+    """`make demo` asks how a stored chunk can sit anywhere in a prompt; the answer is the paragraph "Keys without
+    positions" of 02-store.md. The embedder ranks three other chunks above it, BM25 ranks it first, and the
+    fused ranking second."""
+    question = "How does cagkit make a stored chunk usable at any position in the prompt?"
+    with Store.open(example_store) as st:
+        found = {mode: retrieve(st, question, 4, mode) for mode in ("dense", "lexical", "hybrid")}
+    answer = "so a stored chunk belongs to no position"
+    where = {mode: [answer in h.text for h in hits].index(True) for mode, hits in found.items()}
+    assert where == {"dense": 3, "lexical": 0, "hybrid": 1}
+    assert all(h.score > 0 for h in found["hybrid"])
+
+
+def test_a_document_filter_ranks_only_those_documents_with_the_store_s_statistics(example_store):
+    with Store.open(example_store) as st:
+        paths = [d.path for d in st.documents()]
+        commands = [p for p in paths if p.endswith("04-commands.md")]
+        for mode in ("dense", "lexical", "hybrid"):
+            hits = st.search(np.zeros(384, np.float32) + 0.05, 10, text="store chunk", retrieval=mode,
+                             documents=commands)
+            assert hits and {h.doc_path for h in hits} == set(commands)
+            assert len(hits) == len(st.chunk_ids(commands[0]))  # fewer candidates than top_k: all of them
+        with pytest.raises(CagkitError, match="lexical retrieval needs the question's text"):
+            st.search(np.zeros(384, np.float32), 2, retrieval="lexical")
