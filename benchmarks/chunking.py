@@ -7,8 +7,9 @@ For every question of a QA set (from `$CAGKIT_DATA`, default `../shared/data`; a
 SQuAD v2 with whole Wikipedia articles, HotpotQA with its ten paragraphs...), the question's documents are
 chunked with the source tokenizer exactly as `cagkit ingest` does, the chunks and question are embedded with
 the retrieval embedder, and the top `budget / size` chunks of the question's own documents are taken under each
-retrieval mode, ranked by `cagkit.retrieval.rank` as `Store.search` ranks them (BM25 statistics over every
-chunk of the data set, as over a store holding them all). A hit means one of the gold answers appears in them.
+retrieval mode, ranked by `cagkit.retrieval.rank` as `Store.search` ranks them for `cagkit eval` (BM25 word
+statistics over the question's own chunks, as in a store holding only them). A hit means one of the gold
+answers appears in them.
 No language model runs, so this takes minutes.
 """
 
@@ -58,14 +59,15 @@ def main() -> int:
             chunks = [c.text for c in chunk_text(document, lm.count_tokens, size)]
             texts += chunks
             owner += [number] * len(chunks)
-        vectors, lexical = embed(texts), LexicalIndex(texts)
+        vectors = embed(texts)
         counts, owner = np.array([lm.count_tokens(t) for t in texts]), np.array(owner)
         number_of = {d: i for i, d in enumerate(documents)}
         hits = {m: [] for m in modes}
         context_tokens = {m: [] for m in modes}
         for e, q in zip(examples, questions):
             candidates = np.flatnonzero(np.isin(owner, [number_of[d] for d in e.context_documents()]))
-            dense, words = vectors[candidates] @ q, lexical.scores(e.question)[candidates]
+            dense = vectors[candidates] @ q
+            words = LexicalIndex([texts[i] for i in candidates]).scores(e.question)
             for mode in modes:
                 top = candidates[rank(dense, words, mode, k)[0]]
                 context_tokens[mode].append(int(counts[top].sum()))

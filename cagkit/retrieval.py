@@ -2,7 +2,8 @@
 
 The embedder finds chunks that say the same thing in other words; BM25 finds the chunks that share the
 question's rare words (names, numbers, terms), which small embedders often rank low. `hybrid` fuses the two
-rankings by reciprocal rank (each chunk scores 1 / (RRF_K + rank) in each list, summed): on SQuAD v2 whole
+rankings by reciprocal rank (each chunk scores 1 / (RRF_K + rank) in each list, summed; `rank` scales the sum
+so that first in both lists is 1): on SQuAD v2 whole
 articles it retrieves the gold answer for 95.9% of 1,721 questions against 90.4% for the embedder alone, and
 on HotpotQA for 77.3% of 300 against 69.0% (docs/measurements.md#retrieval).
 
@@ -13,8 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
-
 import numpy as np
 
 from cagkit.errors import CagkitError
@@ -44,20 +43,25 @@ def terms(text: str) -> list[str]:
 
 
 class LexicalIndex:
-    """BM25 (Okapi, k1 = 1.2, b = 0.75) over a fixed list of texts, with an inverted index per word."""
+    """BM25 (Okapi, k1 = 1.2, b = 0.75) over a fixed list of texts, with an inverted index per word.
+
+    Built with one pass of Python over the words and the rest in numpy: 10,000 chunks of 180 words took 2.9 s
+    here with other jobs on both cores (a store builds it once per process, on its first lexical search)."""
 
     def __init__(self, texts: list[str]):
         self.size = len(texts)
-        counts = [Counter(terms(t)) for t in texts]
-        self.lengths = np.array([sum(c.values()) for c in counts], dtype=np.float64)
-        postings: dict[str, tuple[list[int], list[int]]] = {}
-        for i, c in enumerate(counts):
-            for word, n in c.items():
-                docs, tfs = postings.setdefault(word, ([], []))
-                docs.append(i)
-                tfs.append(n)
-        self.postings = {w: (np.array(d, dtype=np.int64), np.array(t, dtype=np.float64))
-                         for w, (d, t) in postings.items()}
+        vocabulary: dict[str, int] = {}
+        words, owners = [], []
+        for i, text in enumerate(texts):
+            found = [vocabulary.setdefault(w, len(vocabulary)) for w in terms(text)]
+            words += found
+            owners += [i] * len(found)
+        pairs, tf = np.unique(np.array(words, dtype=np.int64) * max(self.size, 1) + np.array(owners, dtype=np.int64),
+                              return_counts=True)  # sorted by word, then text
+        self.docs, self.tf = pairs % max(self.size, 1), tf.astype(np.float64)
+        bounds = np.searchsorted(pairs // max(self.size, 1), np.arange(len(vocabulary) + 1))
+        self.postings = {w: (bounds[i], bounds[i + 1]) for w, i in vocabulary.items()}  # word -> its slice
+        self.lengths = np.bincount(np.array(owners, dtype=np.int64), minlength=self.size).astype(np.float64)
         mean = self.lengths.mean() if self.size else 1.0
         self.norm = BM25_K1 * (1 - BM25_B + BM25_B * self.lengths / max(mean, 1e-9))  # [N]
 
@@ -67,8 +71,9 @@ class LexicalIndex:
         for word in set(terms(query)):
             if word not in self.postings:
                 continue
-            docs, tf = self.postings[word]
-            idf = math.log(1 + (self.size - len(docs) + 0.5) / (len(docs) + 0.5))
+            a, b = self.postings[word]
+            docs, tf = self.docs[a:b], self.tf[a:b]
+            idf = math.log(1 + (self.size - (b - a) + 0.5) / ((b - a) + 0.5))
             out[docs] += idf * tf * (BM25_K1 + 1) / (tf + self.norm[docs])
         return out
 
@@ -83,7 +88,8 @@ def _ranks(scores: np.ndarray) -> np.ndarray:
 
 def rank(dense: np.ndarray, lexical: np.ndarray | None, mode: str, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """The positions of the `top_k` best candidates under `mode`, best first, and their scores: the cosine
-    similarity (dense), the BM25 score (lexical) or the fused reciprocal-rank score (hybrid)."""
+    similarity (dense), the BM25 score (lexical) or the fused reciprocal-rank score (hybrid), scaled to 1 for a
+    candidate that both rankings put first."""
     check_retrieval(mode)
     if mode == "dense":
         scores = dense
@@ -91,7 +97,7 @@ def rank(dense: np.ndarray, lexical: np.ndarray | None, mode: str, top_k: int) -
         raise CagkitError(f"{mode} retrieval needs the question's text, not only its embedding")
     elif mode == "lexical":
         scores = lexical
-    else:
-        scores = 1.0 / (RRF_K + 1 + _ranks(dense)) + 1.0 / (RRF_K + 1 + _ranks(lexical))
+    else:  # scaled so that 1 means first in both rankings
+        scores = (RRF_K + 1) / 2 * (1.0 / (RRF_K + 1 + _ranks(dense)) + 1.0 / (RRF_K + 1 + _ranks(lexical)))
     best = np.argsort(-scores, kind="stable")[:top_k]
     return best, scores[best]

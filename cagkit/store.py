@@ -333,8 +333,9 @@ class Store:
 
         `query` is the question's unit-normalised embedding [E] and `text` the question itself, which `lexical`
         and `hybrid` retrieval need (`cagkit.retrieval`); `dense` ranks by the embedding alone. With
-        `documents` (paths or ids as stored) only their chunks are candidates; the lexical statistics stay
-        those of the whole store. Each hit's `score` is the one it was ranked by.
+        `documents` (paths or ids as stored) only their chunks are candidates, ranked as in a store that held
+        only them: BM25's word statistics are theirs too (`cagkit eval`, where each question has its own
+        documents in one shared store). Each hit's `score` is the one it was ranked by.
         """
         from cagkit.retrieval import LexicalIndex, check_retrieval, rank
 
@@ -356,9 +357,12 @@ class Store:
         dense = index.embeddings[candidates] @ query.astype(np.float32)  # [C]
         lexical = None
         if retrieval != "dense" and text is not None:
-            if index.lexical is None:
-                index.lexical = LexicalIndex(index.texts)  # built once per open store, on the first such search
-            lexical = index.lexical.scores(text)[candidates]
+            if documents is not None:  # a few documents' chunks: their own statistics, built for this search
+                lexical = LexicalIndex([index.texts[i] for i in candidates]).scores(text)
+            else:
+                if index.lexical is None:
+                    index.lexical = LexicalIndex(index.texts)  # built once per open store, on the first search
+                lexical = index.lexical.scores(text)
         best, scores = rank(dense, lexical, retrieval, top_k)
         hits = []
         for i, score in zip(candidates[best], scores):
