@@ -96,8 +96,8 @@ class _SearchIndex:
     ids: np.ndarray  # [N] chunk ids
     embeddings: np.ndarray  # [N, E] unit chunk embeddings
     paths: np.ndarray  # [N] each chunk's document path (or id)
-    texts: list[str]
-    lexical: object = None  # the `cagkit.retrieval.LexicalIndex` of `texts`, built on the first lexical search
+    texts: list[str] | None = None  # read on the first lexical or hybrid search, which needs them
+    lexical: object = None  # the `cagkit.retrieval.LexicalIndex` of `texts`, built on the first such search
 
 
 @dataclass
@@ -342,12 +342,12 @@ class Store:
         check_retrieval(retrieval)
         if self._index is None:
             rows = self._conn.execute(
-                "SELECT c.id, c.embedding, d.path, c.text FROM chunks c JOIN documents d ON d.id = c.doc_id "
-                "ORDER BY c.id").fetchall()
+                "SELECT c.id, c.embedding, d.path FROM chunks c JOIN documents d ON d.id = c.doc_id ORDER BY c.id"
+            ).fetchall()
             self._index = _SearchIndex(
                 np.array([r[0] for r in rows], dtype=np.int64),
                 np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows]) if rows else np.zeros((0, 0), np.float32),
-                np.array([r[2] for r in rows], dtype=object), [r[3] for r in rows])
+                np.array([r[2] for r in rows], dtype=object))
         index = self._index
         if len(index.ids) == 0:
             raise StoreError(f"store {self.path} holds no documents; add some with `cagkit ingest DOCS --store {self.path}`")
@@ -357,6 +357,9 @@ class Store:
         dense = index.embeddings[candidates] @ query.astype(np.float32)  # [C]
         lexical = None
         if retrieval != "dense" and text is not None:
+            if index.texts is None:  # by id: an ingest may have written to the store since the ids were read
+                text_of = dict(self._conn.execute("SELECT id, text FROM chunks").fetchall())
+                index.texts = [text_of.get(int(i), "") for i in index.ids]
             if documents is not None:  # a few documents' chunks: their own statistics, built for this search
                 lexical = LexicalIndex([index.texts[i] for i in candidates]).scores(text)
             else:
