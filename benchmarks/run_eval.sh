@@ -8,6 +8,7 @@
 #   benchmarks/run_eval.sh             # every run, then the report
 #   LIMIT=10 benchmarks/run_eval.sh    # fewer questions per run (a larger limit later resumes the same files)
 #   PAIRS="smollm2:gemma" benchmarks/run_eval.sh   # some pairs only (the report still reads every file present)
+#   RETRIEVAL=dense benchmarks/run_eval.sh   # the embedder's ranking alone, as the committed BENCHMARKS.md ran
 #
 # Each run writes results/<set>-<source>-<target>.json after every question and resumes from it, so re-running
 # this script after an interruption continues where it stopped; delete a results file to redo it. The stores
@@ -24,13 +25,14 @@ LIMIT="${LIMIT:-200}"
 DATA="${CAGKIT_DATA:-../shared/data}/eval"
 PAIRS="${PAIRS:-smollm2:gemma smollm2:qwen gemma:qwen qwen:gemma gemma:smollm2 qwen:smollm2}"
 METHODS="${METHODS:-native,none,source,linear,projector,mot}"
+RETRIEVAL="${RETRIEVAL:-hybrid}"  # SQuAD only: RACE gives every method the whole passage
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 for pair in $PAIRS; do
   source_model=${pair%%:*} target=${pair##*:}
   cagkit eval --data "$DATA/squad_v2/dev-v2.0.part-a.json" --format squad --source "$source_model" \
-    --target "$target" --methods "$METHODS" --top-k 4 --max-new-tokens 24 --limit "$LIMIT" \
-    --out "results/squad_v2-$source_model-$target.json"
+    --target "$target" --methods "$METHODS" --top-k 4 --retrieval "$RETRIEVAL" --max-new-tokens 24 \
+    --limit "$LIMIT" --out "results/squad_v2-$source_model-$target.json"
   cagkit eval --data "$DATA/race/race.jsonl" --format race --source "$source_model" --target "$target" \
     --methods "$METHODS" --top-k 4 --max-new-tokens 24 --limit "$LIMIT" --full-context \
     --out "results/race-$source_model-$target.json"
