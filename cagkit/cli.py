@@ -55,7 +55,7 @@ def _cmd_ask(args) -> int:
     t = result.timings
     print(
         f"\n{result.model} ({result.mode}{Placement.from_settings(result.placement).describe()}), {result.context_tokens} "
-        f"context tokens: retrieve {t['retrieve_ms']:.0f} ms, "
+        f"context tokens by {result.retrieval} retrieval: retrieve {t['retrieve_ms']:.0f} ms, "
         f"load {t['load_ms']:.0f} ms, translate {t['translate_ms'] - t['repair_ms']:.0f} ms, "
         f"repair {t['repair_ms']:.0f} ms, prefill {t['prefill_ms']:.0f} ms, "
         f"first token {t['ttft_ms']:.0f} ms, {t['tokens_per_s']:.1f} tokens/s"

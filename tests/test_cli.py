@@ -41,7 +41,7 @@ def test_ask_json_prints_one_object_on_the_last_line(store, capsys):
     result = json.loads(last)
     assert set(result["timings"]) == {"retrieve_ms", "load_ms", "translate_ms", "repair_ms", "prefill_ms", "ttft_ms",
                                       "total_ms", "tokens_per_s"}
-    assert result["model"] == "tiny-llama" and result["mode"] == "reuse"
+    assert result["model"] == "tiny-llama" and result["mode"] == "reuse" and result["retrieval"] == "hybrid"
     assert result["sources"][0]["document"].endswith("notes.md")
     # the same call through the library gives the same (greedy) answer
     again = ask("Which model is the default source?", store=store, model="tiny-llama", top_k=1, max_new_tokens=5)
@@ -55,6 +55,7 @@ def test_ask_streams_the_answer_then_sources_and_timings(store, capsys):
                  "--max-new-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "sources:" in out and "notes.md" in out and "first token" in out
+    assert "context tokens by hybrid retrieval: retrieve" in out
 
 
 def test_ask_times_the_repair_apart_within_the_placement(store, capsys, monkeypatch):
