@@ -79,7 +79,7 @@ class CAGRetriever(BaseRetriever):
 
     `retrieval` ranks them as `cagkit ask --retrieval` does: `hybrid` (default: the embedding's and BM25's
     rankings fused), `dense` or `lexical`; each node's score is the one it was ranked by (cosine similarity,
-    BM25, or the fused reciprocal-rank score)."""
+    BM25, or the fused reciprocal-rank score, 1 for first in both rankings)."""
 
     def __init__(
         self,

@@ -424,6 +424,12 @@ def test_report_names_placement_options_in_the_run_label(tmp_path):
     text = (tmp_path / "C.md").read_text()
     assert "## smollm2 → gemma, dev-v2.0.part-a.json, blend 0.15 by question\n" in text
     assert "```\ncagkit eval --data squad.json --source smollm2 --target gemma\n```" in text
+    # a retrieval other than dense is named (files without the setting ranked by the embedder alone)
+    for settings, label in [({"retrieval": "hybrid"}, ", hybrid retrieval, blend"), ({"retrieval": "dense"}, ", blend"),
+                            ({"retrieval": "lexical", "full_context": True}, ", blend")]:
+        blended.write_text(json.dumps({**run, "settings": {**run["settings"], **settings}}))
+        write_report([blended], tmp_path / "E.md", tmp_path / "plots")
+        assert f"## smollm2 → gemma, dev-v2.0.part-a.json{label} 0.15 by question\n" in (tmp_path / "E.md").read_text()
 
 
 def _run_with_records(closed_set: bool, per_method: dict[str, list[float]]) -> dict:

@@ -146,9 +146,15 @@ def _data_label(run: dict) -> str:
     """The data set and how the run gave it to the models: 'dev-v2.0.part-a.json, hybrid retrieval, blend 0.15
     by question'. Dense retrieval (every run before the others existed) goes unnamed."""
     settings = run.get("settings") or {}
-    retrieval = settings.get("retrieval", "dense")
-    named = "" if settings.get("full_context") or retrieval == "dense" else f", {retrieval} retrieval"
+    named = f", {mode} retrieval" if (mode := _named_retrieval(settings)) else ""
     return Path(run["dataset"]).name + named + Placement.from_settings(settings).describe()
+
+
+def _named_retrieval(settings: dict) -> str | None:
+    """A run's retrieval when a label names it: not for dense (every run before the others existed, whose
+    results files do not record it) nor with the whole context, which retrieves nothing."""
+    mode = settings.get("retrieval", "dense")
+    return None if settings.get("full_context") or mode == "dense" else mode
 
 
 def summary(runs: list[dict]) -> list[str]:
@@ -256,8 +262,8 @@ def _placement_label(settings: dict) -> str:
     retrieval = "whole context" if settings.get("full_context") else f"top-{settings.get('top_k', '?')}"
     if settings.get("chunk_tokens", DEFAULT_CHUNK_TOKENS) != DEFAULT_CHUNK_TOKENS:
         retrieval += f" of {settings['chunk_tokens']}-token chunks"
-    if not settings.get("full_context") and settings.get("retrieval", "dense") != "dense":
-        retrieval += f" by {settings['retrieval']} retrieval"
+    if mode := _named_retrieval(settings):
+        retrieval += f" by {mode} retrieval"
     return retrieval + (Placement.from_settings(settings).describe() or ", as stored")
 
 
