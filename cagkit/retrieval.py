@@ -57,10 +57,11 @@ class LexicalIndex:
             found = [vocabulary.setdefault(w, len(vocabulary)) for w in terms(text)]
             words += found
             owners += [i] * len(found)
-        pairs, tf = np.unique(np.array(words, dtype=np.int64) * max(self.size, 1) + np.array(owners, dtype=np.int64),
+        n = max(self.size, 1)  # one (word, text) pair is word * n + text
+        pairs, tf = np.unique(np.array(words, dtype=np.int64) * n + np.array(owners, dtype=np.int64),
                               return_counts=True)  # sorted by word, then text
-        self.docs, self.tf = pairs % max(self.size, 1), tf.astype(np.float64)
-        bounds = np.searchsorted(pairs // max(self.size, 1), np.arange(len(vocabulary) + 1))
+        self.docs, self.tf = pairs % n, tf.astype(np.float64)
+        bounds = np.searchsorted(pairs // n, np.arange(len(vocabulary) + 1))
         self.postings = {w: (bounds[i], bounds[i + 1]) for w, i in vocabulary.items()}  # word -> its slice
         self.lengths = np.bincount(np.array(owners, dtype=np.int64), minlength=self.size).astype(np.float64)
         mean = self.lengths.mean() if self.size else 1.0

@@ -337,9 +337,8 @@ class Store:
         only them: BM25's word statistics are theirs too (`cagkit eval`, where each question has its own
         documents in one shared store). Each hit's `score` is the one it was ranked by.
         """
-        from cagkit.retrieval import LexicalIndex, check_retrieval, rank
+        from cagkit.retrieval import LexicalIndex, rank  # rank refuses an unknown retrieval
 
-        check_retrieval(retrieval)
         if self._index is None:
             rows = self._conn.execute(
                 "SELECT c.id, c.embedding, d.path FROM chunks c JOIN documents d ON d.id = c.doc_id ORDER BY c.id"
