@@ -9,8 +9,7 @@ chunked with the source tokenizer exactly as `cagkit ingest` does, the chunks an
 the retrieval embedder, and the top `budget / size` chunks of the question's own documents are taken under each
 retrieval mode, ranked by `cagkit.retrieval.rank` as `Store.search` ranks them for `cagkit eval` (BM25 word
 statistics over the question's own chunks, as in a store holding only them). A hit means one of the gold
-answers appears in them.
-No language model runs, so this takes minutes.
+answers appears in them. No language model runs, so this takes minutes.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ def main() -> int:
     lm = load_model(args.source)
     questions = embed([e.question for e in examples])  # [Q, E]
     documents = list(dict.fromkeys(d for e in examples for d in e.context_documents()))
+    number_of = {d: i for i, d in enumerate(documents)}
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
         k = max(args.budget // size, 1)
@@ -61,7 +61,6 @@ def main() -> int:
             owner += [number] * len(chunks)
         vectors = embed(texts)
         counts, owner = np.array([lm.count_tokens(t) for t in texts]), np.array(owner)
-        number_of = {d: i for i, d in enumerate(documents)}
         hits = {m: [] for m in modes}
         context_tokens = {m: [] for m in modes}
         for e, q in zip(examples, questions):
