@@ -22,12 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cagkit.documents import chunk_text
-from cagkit.embeddings import embed
+from cagkit.config import RETRIEVAL_MODES
 from cagkit.evaluation.datasets import load_examples
-from cagkit.models import load_model
-from cagkit.options import RETRIEVAL_MODES
-from cagkit.retrieval import LexicalIndex, rank
+from cagkit.ingest.chunking import chunk_text
+from cagkit.models.loading import load_model
+from cagkit.retrieval.embeddings import embed
+from cagkit.retrieval.lexical import LexicalIndex
+from cagkit.retrieval.rank import rank
 
 
 def main() -> int:

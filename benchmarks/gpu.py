@@ -41,13 +41,15 @@ from pathlib import Path
 import torch
 
 from cagkit.ask import answer_from_chunks
-from cagkit.documents import chunk_text
-from cagkit.ingest import prefill_chunks
-from cagkit.kvcache import ChunkKV, synchronize
-from cagkit.models import KNOWN_MODELS, LoadedModel, converted_dir, load_model, register_loaded, resolve_device
-from cagkit.placement import Placement
-from cagkit.rope import RotaryTables
-from cagkit.store import Hit, StoredChunk
+from cagkit.config import Placement
+from cagkit.ingest.chunking import chunk_text
+from cagkit.ingest.pipeline import prefill_chunks
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.rope import RotaryTables
+from cagkit.models.device import synchronize
+from cagkit.models.loading import LoadedModel, load_model, register_loaded, resolve_device
+from cagkit.models.registry import KNOWN_MODELS, converted_dir
+from cagkit.store.store import Hit, StoredChunk
 
 QUESTION = "How does cagkit make a stored chunk usable at any position in the prompt?"
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +96,7 @@ def random_model(alias: str, device: torch.device) -> LoadedModel:
 
 def random_translators(source: str, targets: list[str], shipped: Path, fingerprints: dict[str, str]) -> Path:
     """A folder of MoT checkpoints with the shipped cards' configs and random weights; returns it."""
-    from cagkit.translators import Translator, TranslatorConfig, TranslatorNet
+    from cagkit.translate.translator import Translator, TranslatorConfig, TranslatorNet
 
     folder = Path(tempfile.mkdtemp(prefix="cagkit-gpu-translators-"))
     for target in targets:

@@ -26,9 +26,9 @@ import json
 import os
 from pathlib import Path
 
+from cagkit.config import AS_STORED, BLEND_SELECT
 from cagkit.evaluation.runner import run_eval
-from cagkit.models import load_model
-from cagkit.placement import AS_STORED, BLEND_SELECT
+from cagkit.models.loading import load_model
 
 SWEEPS = {  # option -> (results folder, run_eval keyword, axis label, file suffix, default plot)
     "depths": ("depth", "recompute_layers", "target layers recomputed over each chunk alone", "k",

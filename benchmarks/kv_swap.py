@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from cagkit.models import load_model
-from cagkit.training import TrainSettings, evaluate_translator
-from cagkit.translators import read_translator, translator_path
+from cagkit.config import TrainSettings
+from cagkit.models.loading import load_model
+from cagkit.translate.train.training import evaluate_translator
+from cagkit.translate.translator import read_translator, translator_path
 
 COLUMNS = ("translated", "native_keys", "native_values")
 

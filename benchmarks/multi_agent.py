@@ -171,11 +171,11 @@ class AgentPool:
         return score
 
     def _score(self, setting: str, model: str, text: str, choices: list[str]) -> list[float]:
+        import torch
+
         from cagkit.ask import ContextCache
         from cagkit.evaluation.runner import score_choices
         from cagkit.generation import prompt_parts
-
-        import torch
 
         lm = self.models[model]
         base = self._base(setting, model)
@@ -244,12 +244,12 @@ def main() -> int:
 
     import torch
 
+    from cagkit.config import KV_DTYPES
     from cagkit.evaluation.datasets import detect_format, load_examples
     from cagkit.evaluation.runner import _documents_dir, example_hits, write_documents, write_json_atomic
-    from cagkit.ingest import ingest
-    from cagkit.models import load_model
-    from cagkit.options import KV_DTYPES
-    from cagkit.store import Store
+    from cagkit.ingest.pipeline import ingest
+    from cagkit.models.loading import load_model
+    from cagkit.store.store import Store
 
     wall_start = time.perf_counter()
     data_format = detect_format(args.data)

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from cagkit.evaluation.runner import run_eval
-from cagkit.kvcache import ChunkKV
-from cagkit.training import _with_native_layers  # the held-out sweeps' layer swap
+from cagkit.kv.chunk import ChunkKV
+from cagkit.translate.train.training import _with_native_layers  # the held-out sweeps' layer swap
 
 ask = importlib.import_module("cagkit.ask")  # the module; `cagkit.ask` the attribute is its function
 

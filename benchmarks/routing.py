@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 
-from cagkit.models import load_model
-from cagkit.training import TrainSettings, evaluate_translator
-from cagkit.translators import LayerTranslator, read_translator, translator_path
+from cagkit.config import TrainSettings
+from cagkit.models.loading import load_model
+from cagkit.translate.train.training import evaluate_translator
+from cagkit.translate.translator import LayerTranslator, read_translator, translator_path
 
 VARIANTS = ("routed", "shuffled", "uniform", "skip")
 

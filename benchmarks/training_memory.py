@@ -16,9 +16,11 @@ import time
 
 import torch
 
-from cagkit.models import cagkit_home, load_model
-from cagkit.training import TrainingData, TrainSettings, fit_ridge, fit_statistics
-from cagkit.translators import TranslatorConfig, TranslatorNet
+from cagkit.config import TrainSettings
+from cagkit.models.loading import load_model
+from cagkit.models.registry import cagkit_home
+from cagkit.translate.train.training import TrainingData, fit_ridge, fit_statistics
+from cagkit.translate.translator import TranslatorConfig, TranslatorNet
 
 
 def main() -> int:

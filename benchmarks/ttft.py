@@ -60,15 +60,17 @@ from pathlib import Path
 import torch
 
 from cagkit.ask import answer_from_chunks
+from cagkit.config import BLEND_SELECT, Placement
 from cagkit.errors import CagkitError
 from cagkit.generation import prompt_parts
-from cagkit.ingest import ingest
-from cagkit.kvcache import ChunkKV, place_chunks, prefix_cache
-from cagkit.models import load_model
-from cagkit.placement import BLEND_SELECT, Placement
-from cagkit.rope import RotaryTables
-from cagkit.store import Hit, Store
-from cagkit.training import _continuation_logp, _logits
+from cagkit.ingest.pipeline import ingest
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.place import place_chunks
+from cagkit.kv.prefill import prefix_cache
+from cagkit.kv.rope import RotaryTables
+from cagkit.models.loading import load_model
+from cagkit.store.store import Hit, Store
+from cagkit.translate.train.training import _continuation_logp, _logits
 
 QUESTION = "Who is the main character of this story?"
 SEPARATOR = "\n\n"  # what native mode puts between chunks (build_context_cache)
@@ -204,7 +206,7 @@ class TargetStream:
             self.kvs = [c.kv for c in chunks]
             chunk_ids = [list(c.token_ids) for c in chunks]
         else:
-            from cagkit.translators import load_translator
+            from cagkit.translate.translator import load_translator
 
             self.mode = "mot"
             translator = load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind="mot")

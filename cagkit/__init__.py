@@ -17,14 +17,16 @@ from cagkit.errors import CagkitError
 
 # The public names and the module each comes from. They are imported on first use (PEP 562), so that importing
 # cagkit, or running `cagkit --help`, does not load PyTorch and transformers until something needs them.
-_LAZY = {"Answer": "cagkit.ask", "ask": "cagkit.ask", "retrieve": "cagkit.ask", "IngestReport": "cagkit.ingest",
-         "ingest": "cagkit.ingest", "ingest_texts": "cagkit.ingest", "remove": "cagkit.ingest",
-         "load_model": "cagkit.models", "Store": "cagkit.store"}
+_LAZY = {"Answer": "cagkit.ask", "ask": "cagkit.ask", "retrieve": "cagkit.retrieval.search",
+         "IngestReport": "cagkit.ingest.pipeline", "ingest": "cagkit.ingest.pipeline",
+         "ingest_texts": "cagkit.ingest.pipeline", "remove": "cagkit.ingest.pipeline", "load_model": "cagkit.models",
+         "Store": "cagkit.store"}
 
 if TYPE_CHECKING:
-    from cagkit.ask import Answer, ask, retrieve
-    from cagkit.ingest import IngestReport, ingest, ingest_texts, remove
+    from cagkit.ask import Answer, ask
+    from cagkit.ingest.pipeline import IngestReport, ingest, ingest_texts, remove
     from cagkit.models import load_model
+    from cagkit.retrieval.search import retrieve
     from cagkit.store import Store
 
 __all__ = ["Answer", "CagkitError", "IngestReport", "Store", "ask", "ingest", "ingest_texts", "load_model", "remove",
@@ -48,8 +50,8 @@ def __dir__() -> list[str]:
 
 
 class _Package(_types.ModuleType):
-    """Keeps `cagkit.ask` and `cagkit.ingest` the functions: importing the submodules of the same names would
-    otherwise bind the modules there (as `import cagkit.ask` does), and `cagkit.ask(...)` would stop working."""
+    """Keeps `cagkit.ask` and `cagkit.ingest` the functions: importing the module and the package of the same
+    names would otherwise bind them there (as `import cagkit.ask` does), and `cagkit.ask(...)` would stop working."""
 
     def __setattr__(self, name: str, value) -> None:
         if isinstance(value, _types.ModuleType) and value.__name__ == f"{__name__}.{name}" and name in _LAZY:

@@ -1,4 +1,5 @@
-"""`cagkit ask`: retrieve chunks, bring their KV into the target's cache, prefill only the question, generate."""
+"""`cagkit ask`: retrieve chunks, bring their KV into the target's cache, prefill only the question, generate.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +12,29 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from cagkit.blend import blend as blend_chunks, question_priority
-from cagkit.embeddings import embed_query, embed_sentences
+from cagkit.config import ASK_MODES as MODES
+from cagkit.config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MODEL,
+    DEFAULT_RETRIEVAL,
+    DEFAULT_STORE,
+    DEFAULT_TOP_K,
+    Placement,
+)
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
-from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache, synchronize
-from cagkit.models import LoadedModel, load_model
-from cagkit.options import ASK_MODES as MODES, DEFAULT_RETRIEVAL, DEFAULT_STORE
-from cagkit.placement import Placement
-from cagkit.retrieval import check_retrieval
-from cagkit.rope import RotaryTables
-from cagkit.store import Hit, Store, StoredChunk
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.place import place_chunks
+from cagkit.kv.prefill import chunk_alone_kv, prefix_cache
+from cagkit.kv.repair import blend as blend_chunks
+from cagkit.kv.repair import question_priority
+from cagkit.kv.rope import RotaryTables
+from cagkit.models.device import synchronize
+from cagkit.models.loading import LoadedModel, load_model
+from cagkit.retrieval.embeddings import embed_query, embed_sentences
+from cagkit.retrieval.rank import check_retrieval
+from cagkit.retrieval.search import retrieve
+from cagkit.store.store import Hit, Store, StoredChunk
 
 
 @dataclass
@@ -41,22 +54,13 @@ class Answer:
         return asdict(self)
 
 
-def retrieve(store: Store, question: str, top_k: int, retrieval: str = DEFAULT_RETRIEVAL,
-             documents: list[str] | None = None) -> list[Hit]:
-    """The `top_k` chunks of `store` (of its `documents` only, when given) best for `question`, best first,
-    ranked by `retrieval`: `hybrid` (embedding and BM25 rankings fused), `dense` or `lexical`."""
-    if top_k < 1:
-        raise CagkitError(f"--top-k must be at least 1, got {top_k}")
-    return store.search(embed_query(question), top_k, text=question, retrieval=retrieval, documents=documents)
-
-
 def ask(
     question: str,
     store: str | Path | Store = DEFAULT_STORE,
-    model: str = "smollm2",
-    top_k: int = 4,
+    model: str = DEFAULT_MODEL,
+    top_k: int = DEFAULT_TOP_K,
     mode: str = "mot",
-    max_new_tokens: int = 64,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     on_text: Callable[[str], None] | None = None,
     recompute_layers: int = Placement.recompute_layers,
     blend: float = Placement.blend,
@@ -212,23 +216,6 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
                         repaired_at - translated_at)
 
 
-def sink_ids(lm: LoadedModel) -> list[int]:
-    """The short target-native prefix a chunk is prefilled or translated after (the attention sink): BOS when
-    the model has one, else its end-of-text token."""
-    tok = lm.tokenizer
-    first = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-    return [first] if first is not None else []
-
-
-def chunk_alone_kv(lm: LoadedModel, text: str, layers: int | None = None) -> ChunkKV:
-    """The target's own RoPE-free KV of `text` prefilled alone after its sink (the sink's KV left out): what
-    the translators are trained to reproduce. With `layers`, only the bottom `layers` layers."""
-    sink = sink_ids(lm)
-    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
-    kv = prefill_kv(lm.model, sink + ids, layers=layers)
-    return ChunkKV(kv.keys[:, len(sink):], kv.values[:, len(sink):])
-
-
 def _recompute_bottom(lm: LoadedModel, text: str, translated: ChunkKV, layers: int) -> ChunkKV:
     """`translated` with its bottom `layers` layers replaced by the target's own partial prefill of `text`."""
     own = chunk_alone_kv(lm, text, layers)
@@ -282,7 +269,7 @@ def _target_kv(lm: LoadedModel, store: Store, chunks: list[StoredChunk], kind: s
     else translated."""
     if _same_model(lm, store):
         return [c.kv for c in chunks], [list(c.token_ids) for c in chunks]
-    from cagkit.translators import load_translator
+    from cagkit.translate.translator import load_translator
 
     translator = load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=kind)
     pairs = translator.translate_many([(c.kv, c.token_ids, c.offsets, c.text) for c in chunks], lm)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cagkit.kvcache import model_device, synchronize
+from cagkit.models.device import model_device, synchronize
 
 _CONTEXT_MARK = "\x00CAGKIT-CONTEXT\x00"
 # End-of-turn tokens of common chat formats; a token counts only if the model's vocabulary has it.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llama_index.core import SimpleDirectoryReader
 
-from cagkit.llama_index import CAGQueryEngine, CAGRetriever, ingest_documents
+from cagkit.integrations.llama_index import CAGQueryEngine, CAGRetriever, ingest_documents
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE / "docs"

@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from cagkit.models import LoadedModel, convert, register_loaded
+from cagkit.models.loading import LoadedModel, register_loaded
+from cagkit.models.registry import convert
 
 # The suite's models run on the CPU, also where there is a GPU (which `auto` would pick): tests compare against
 # CPU tensors. tests/test_device.py puts copies on CUDA itself.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cagkit.alignment import align
+from cagkit.translate.alignment import align
 
 TEXT = "Héllo  world,\n\n  naïve café — 北京 test😀 end. The   spaces\tand\ttabs, 12345 numbers!"
 
@@ -86,8 +86,8 @@ def test_real_tokenizer_aligned_with_itself_is_the_identity(real_tokenizers):
 @pytest.mark.parametrize("mode", ["cover", "overlap"])
 def test_source_features_gather_is_the_weighted_sum(mode):
     """The gather over the alignment's nonzero weights gives the dense weighted sum of every source token."""
-    from cagkit.kvcache import ChunkKV
-    from cagkit.translators import source_features
+    from cagkit.kv.chunk import ChunkKV
+    from cagkit.translate.translator import source_features
 
     source = torch.tensor([(0, 3), (3, 7), (7, 8), (8, 12), (12, 12), (12, 15)])
     target = torch.tensor([(0, 2), (2, 5), (5, 8), (8, 8), (8, 15)])

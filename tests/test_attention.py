@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from cagkit.attention import attention, flash_attn_available, layer_kv, reference_attention
-from cagkit.kvcache import ChunkKV, place_chunks, prefix_cache
-from cagkit.rope import RotaryTables, sliding_window
-
 from conftest import make_tiny_gemma3, make_tiny_llama
+
+from cagkit.kv.attention import attention, flash_attn_available, layer_kv, reference_attention
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.place import place_chunks
+from cagkit.kv.prefill import prefix_cache
+from cagkit.kv.rope import RotaryTables
+from cagkit.models.architecture import sliding_window
 
 
 def _qkv(b=2, tq=5, tk=23, hq=4, hk=2, d=16, seed=0):

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from cagkit.blend import JOINT_LAYERS, blend, question_priority
-from cagkit.documents import sentence_spans
-from cagkit.kvcache import ChunkKV, prefill_kv
+from cagkit.ingest.chunking import sentence_spans
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.prefill import prefill_kv
+from cagkit.kv.repair import JOINT_LAYERS, blend, question_priority
 from tests.conftest import make_tiny_gemma3, make_tiny_llama
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from cagkit.ask import ask
-from cagkit.cli import main
+from cagkit.cli.app import main
 
 DOC = ("Cagkit keeps keys without rotary positions, so a stored chunk can be placed anywhere.\n\n"
        "The default source model is SmolLM2, the fastest of the three to prefill.")
@@ -182,7 +182,7 @@ def test_ingest_exits_1_when_a_document_is_skipped_and_stores_the_rest(tiny_llam
 
 
 def test_store_from_another_source_is_refused_on_the_command_line(store, tiny_llama, tmp_path, capsys):
-    from cagkit.models import LoadedModel, register_loaded
+    from cagkit.models.loading import LoadedModel, register_loaded
 
     register_loaded("cli-other", LoadedModel("cli-other", tiny_llama.model, tiny_llama.tokenizer, "cli-other-fp", True))
     capsys.readouterr()
@@ -252,7 +252,7 @@ def test_translators_list_on_the_shipped_folder_has_every_pair(capsys):
 @pytest.mark.parametrize("flags, weights", [([], (1.0, 1.0, 1.0)), (["--ccl-weight", "0"], (1.0, 0.0, 0.0)),
                                              (["--kv-weight", "0", "--ccl-weight", "2"], (0.0, 2.0, 2.0))])
 def test_translators_train_passes_the_loss_weights(monkeypatch, tmp_path, flags, weights):
-    import cagkit.training as training
+    import cagkit.translate.train.training as training
 
     seen = {}
     monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
@@ -263,7 +263,7 @@ def test_translators_train_passes_the_loss_weights(monkeypatch, tmp_path, flags,
 
 
 def test_translators_train_passes_the_prefix_length_and_seed(monkeypatch, tmp_path):
-    import cagkit.training as training
+    import cagkit.translate.train.training as training
 
     seen = {}
     monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
@@ -278,7 +278,7 @@ def test_translators_train_passes_the_prefix_length_and_seed(monkeypatch, tmp_pa
                                        (["--qa", "q.json", "--qa-format", "squad", "--qa-fraction", "0.25"],
                                         ("q.json", "squad", 0.25, 0))])
 def test_translators_train_passes_the_question_answer_options(monkeypatch, tmp_path, flags, qa):
-    import cagkit.training as training
+    import cagkit.translate.train.training as training
 
     seen = {}
     monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
@@ -296,7 +296,7 @@ def test_translators_train_passes_the_question_answer_options(monkeypatch, tmp_p
                                          (["--expert-inputs", "depth", "--window", "5"],
                                           {"expert_inputs": "depth", "window": 5})])
 def test_translators_train_passes_the_alignment_mode_and_token_window(monkeypatch, tmp_path, flag, sizes):
-    import cagkit.training as training
+    import cagkit.translate.train.training as training
 
     seen = {}
 
@@ -313,7 +313,7 @@ def test_translators_train_passes_the_alignment_mode_and_token_window(monkeypatc
 def test_threads_come_from_the_flag_then_the_environment(monkeypatch, tmp_path, capsys):
     import torch
 
-    import cagkit.cli as cli
+    import cagkit.cli.app as cli
 
     seen = []
     monkeypatch.setattr(cli, "_cmd_ingest", lambda args: seen.append(torch.get_num_threads()) or 0)
@@ -342,7 +342,7 @@ def test_threads_come_from_the_flag_then_the_environment(monkeypatch, tmp_path, 
 def test_cli_keeps_freed_memory_unless_the_environment_sets_it(monkeypatch):
     import ctypes
 
-    from cagkit import cli
+    from cagkit.cli import app as cli
 
     calls = []
 
@@ -398,8 +398,8 @@ def test_the_package_resolves_its_public_names_on_first_use():
     import cagkit.ask
     import cagkit.ingest
     from cagkit.ask import ask as ask_function
-    from cagkit.ingest import ingest as ingest_function
-    from cagkit.store import Store
+    from cagkit.ingest.pipeline import ingest as ingest_function
+    from cagkit.store.store import Store
 
     # the submodules of the same names are imported, and the package's names are still the functions
     assert cagkit.ask is ask_function and cagkit.ingest is ingest_function and cagkit.Store is Store

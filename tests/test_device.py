@@ -14,17 +14,18 @@ import torch
 from conftest import make_tiny_gemma3, make_tiny_llama
 
 from cagkit.ask import build_context_cache
-from cagkit.blend import blend
-from cagkit.cli import main
-from cagkit.documents import chunk_text
+from cagkit.cli.app import main
+from cagkit.config import Placement
 from cagkit.errors import ModelError
-from cagkit.ingest import prefill_chunks
-from cagkit.kvcache import place_chunks, prefill_kv, prefix_cache
-from cagkit.models import LoadedModel, register_loaded, resolve_device
-from cagkit.placement import Placement
-from cagkit.rope import RotaryTables
-from cagkit.store import Hit, NewChunk, Store, StoreSettings
-from cagkit.translators import Translator, TranslatorConfig, TranslatorNet
+from cagkit.ingest.chunking import chunk_text
+from cagkit.ingest.pipeline import prefill_chunks
+from cagkit.kv.place import place_chunks
+from cagkit.kv.prefill import prefill_kv, prefix_cache
+from cagkit.kv.repair import blend
+from cagkit.kv.rope import RotaryTables
+from cagkit.models.loading import LoadedModel, register_loaded, resolve_device
+from cagkit.store.store import Hit, NewChunk, Store, StoreSettings
+from cagkit.translate.translator import Translator, TranslatorConfig, TranslatorNet
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TEXT = ("The lighthouse keeper counted 1,204 ships before the storm of '89 reached Ålesund. "

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cagkit.documents import SUPPORTED_SUFFIXES, Chunk, chunk_text, find_documents, read_document
 from cagkit.errors import CagkitError, DocumentError
+from cagkit.ingest.chunking import Chunk, chunk_text
+from cagkit.ingest.documents import SUPPORTED_SUFFIXES, find_documents, read_document
 
 # --- fixtures ----------------------------------------------------------------------------------
 

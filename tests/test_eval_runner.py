@@ -11,9 +11,9 @@ from cagkit.evaluation import runner
 from cagkit.evaluation.datasets import Example
 from cagkit.evaluation.runner import example_hits, run_eval, summarize, write_documents
 from cagkit.generation import prompt_parts
-from cagkit.ingest import ingest
-from cagkit.models import LoadedModel
-from cagkit.store import Store
+from cagkit.ingest.pipeline import ingest
+from cagkit.models.loading import LoadedModel
+from cagkit.store.store import Store
 
 SOURCE, OTHER = "tiny-llama", "tiny-gemma"  # conftest's tiny random models with the SmolLM2 tokenizer
 PARIS = "Paris is the capital of France. The Seine flows through Paris, past the Louvre and Notre-Dame."
@@ -171,7 +171,7 @@ def test_resume_computes_only_what_is_missing(data, tmp_path, monkeypatch):
 
 
 def test_eval_chunk_tokens_builds_its_own_store_and_results(data, tmp_path, monkeypatch):
-    from cagkit.cli import main
+    from cagkit.cli.app import main
 
     monkeypatch.setattr(runner, "RESULTS_DIR", tmp_path)
     argv = ["eval", "--data", str(data[0]), "--source", SOURCE, "--target", SOURCE, "--methods", "none,source",
@@ -236,7 +236,7 @@ def test_summary_scores_recovery_and_medians():
 
 def save_random_linear_translator(models, folder, seed):
     """A random `linear` translator from the tiny Llama to the tiny Gemma 3, saved where cagkit looks for it."""
-    from cagkit.translators import Translator, TranslatorConfig, TranslatorNet, translator_path
+    from cagkit.translate.translator import Translator, TranslatorConfig, TranslatorNet, translator_path
 
     torch.manual_seed(seed)
     net = TranslatorNet(TranslatorConfig.for_models("linear", models[SOURCE], models[OTHER]))
@@ -259,7 +259,7 @@ def _paris_store_with_a_linear_translator(models, tmp_path, monkeypatch):
 
 def test_recomputed_bottom_layers_are_the_target_s_own(models, tmp_path, monkeypatch):
     from cagkit.ask import Placement, build_context_cache
-    from cagkit.kvcache import prefill_kv
+    from cagkit.kv.prefill import prefill_kv
 
     lm = models[OTHER]
     with Store.open(_paris_store_with_a_linear_translator(models, tmp_path, monkeypatch)) as store:
@@ -327,7 +327,7 @@ def test_blend_one_gives_the_target_s_joint_prefill_of_the_chunks(models, tmp_pa
     the blend in its settings and command, and refuses to mix it into a results file without one."""
     from cagkit.ask import Placement, build_context_cache
     from cagkit.generation import prompt_parts
-    from cagkit.kvcache import prefix_cache
+    from cagkit.kv.prefill import prefix_cache
 
     lm = models[OTHER]
     with Store.open(_paris_store_with_a_linear_translator(models, tmp_path, monkeypatch)) as store:

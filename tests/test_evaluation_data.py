@@ -6,12 +6,19 @@ from pathlib import Path
 
 import pytest
 
+from cagkit.config import Placement
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS, Example, detect_format, load_examples, split_options
-from cagkit.evaluation.metrics import (exact_match, f1, letter_or_text_to_index, mean, median, normalize_answer,
-                                      paired_bootstrap)
+from cagkit.evaluation.metrics import (
+    exact_match,
+    f1,
+    letter_or_text_to_index,
+    mean,
+    median,
+    normalize_answer,
+    paired_bootstrap,
+)
 from cagkit.evaluation.report import compare, summary, write_report
-from cagkit.placement import Placement
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -467,7 +474,7 @@ def test_report_summary_is_the_papers_table():
 
 
 def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
-    from cagkit.cli import main
+    from cagkit.cli.app import main
 
     base = _run_with_records(False, {"mot": [0.5, 0.0] * 50, "native": [1.0, 0.0] * 50})
     base["settings"] = {"top_k": 1, "blend": 0.0}

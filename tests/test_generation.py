@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cagkit.generation import generate, prompt_parts, stop_ids
-from cagkit.models import LoadedModel
+from cagkit.models.loading import LoadedModel
 
 
 class ScriptedModel(torch.nn.Module):

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from cagkit.ask import ask, retrieve
+from cagkit.ask import ask
 from cagkit.errors import CagkitError, StoreError
-from cagkit.ingest import ingest
-from cagkit.kvcache import prefill_kv
-from cagkit.models import LoadedModel, register_loaded
-from cagkit.store import Store
+from cagkit.ingest.pipeline import ingest
+from cagkit.kv.prefill import prefill_kv
+from cagkit.models.loading import LoadedModel, register_loaded
+from cagkit.retrieval.search import retrieve
+from cagkit.store.store import Store
 
 LIGHTHOUSE = ("The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison.\n\n"
               "It is 41 metres tall, and its light can be seen from thirty kilometres away on a clear night.")
@@ -160,7 +161,7 @@ def test_bad_inputs_give_clear_errors_and_lose_nothing(tiny_llama, docs, tmp_pat
 
 
 def test_an_unknown_kv_dtype_is_refused_before_the_model_loads(docs, tmp_path, monkeypatch):
-    monkeypatch.setattr(importlib.import_module("cagkit.ingest"), "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(importlib.import_module("cagkit.ingest.pipeline"), "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(StoreError, match="'float8'.*float16, bfloat16, float32"):
         _ingest(docs, tmp_path / "store", dtype="float8")
     assert not (tmp_path / "store").exists()
@@ -194,12 +195,12 @@ def test_killed_ingest_leaves_a_usable_store(tiny_llama, docs, tmp_path):
     script = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(os.path.dirname(__file__))!r})
         import conftest
-        from cagkit.models import LoadedModel, register_loaded
+        from cagkit.models.loading import LoadedModel, register_loaded
         from transformers import AutoTokenizer
-        from cagkit.models import convert
+        from cagkit.models.registry import convert
         tok = AutoTokenizer.from_pretrained(convert("smollm2"))
         register_loaded("tiny-llama", LoadedModel("tiny-llama", conftest.make_tiny_llama(tok), tok, "tiny-llama-fp", True))
-        from cagkit.ingest import ingest
+        from cagkit.ingest.pipeline import ingest
         print("start", flush=True)
         ingest([{str(docs)!r}], store={str(store)!r}, source="tiny-llama", chunk_tokens=32, progress=False)
     """)
@@ -229,7 +230,7 @@ def test_killed_ingest_leaves_a_usable_store(tiny_llama, docs, tmp_path):
 
 
 def test_a_second_writer_is_refused_while_the_first_holds_the_store(tiny_llama, docs, tmp_path):
-    from cagkit.store import StoreSettings
+    from cagkit.store.store import StoreSettings
 
     settings = StoreSettings("tiny-llama", "tiny-llama-fp", "float16", 32, "all-MiniLM-L6-v2")
     with Store.open_for_writing(tmp_path / "store", settings):
@@ -244,7 +245,7 @@ def test_a_waiting_writer_opens_the_store_once_the_first_is_done(tiny_llama, tmp
     import threading
     import time
 
-    from cagkit.store import StoreSettings
+    from cagkit.store.store import StoreSettings
 
     settings = StoreSettings("tiny-llama", "tiny-llama-fp", "float16", 32, "all-MiniLM-L6-v2")
     opened = []
@@ -265,7 +266,7 @@ def test_a_waiting_writer_opens_the_store_once_the_first_is_done(tiny_llama, tmp
 
 def test_a_texts_embedding_does_not_depend_on_its_batch():
     """Texts are embedded in small length-sorted batches, padded to their longest text: padding must not leak."""
-    from cagkit.embeddings import EMBED_BATCH, embed
+    from cagkit.retrieval.embeddings import EMBED_BATCH, embed
 
     texts = ["Owls hunt at night.", "The bakery on Mill Street " * 30, "Bread.", "A lighthouse keeper counted ships "
              "before the storm.", "Vienna", "Its oven was brought from Vienna in 1923 by the founder's grandson."]
@@ -281,7 +282,7 @@ def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_wor
     from safetensors.torch import load_file, save_file
 
     from cagkit.ask import _sentences
-    from cagkit.embeddings import embed
+    from cagkit.retrieval.embeddings import embed
 
     store = tmp_path / "store"
     _ingest(docs, store)
@@ -325,8 +326,8 @@ def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_wor
 def test_store_summary_and_remove(tiny_llama, docs, tmp_path, capsys):
     from safetensors.torch import load_file, save_file
 
-    from cagkit.cli import main
-    from cagkit.ingest import remove
+    from cagkit.cli.app import main
+    from cagkit.ingest.pipeline import remove
 
     store = tmp_path / "store"
     _ingest(docs, store)

@@ -6,10 +6,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from cagkit.documents import chunk_text
-from cagkit.ingest import prefill_chunks
-from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefill_kv_batch, prefix_cache
-from cagkit.rope import RotaryTables, apply_rope, remove_rope
+from cagkit.ingest.chunking import chunk_text
+from cagkit.ingest.pipeline import prefill_chunks
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.place import place_chunks
+from cagkit.kv.prefill import prefill_kv, prefill_kv_batch, prefix_cache
+from cagkit.kv.rope import RotaryTables, apply_rope, remove_rope
 
 TEXT = ("The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison. It is 41 metres tall, "
         "and its keeper in 1902 was Tomas Brandt, who kept a diary of every ship that passed the point.")
@@ -100,7 +102,7 @@ def test_rotary_tables_differ_per_layer_type(tiny_gemma):
 @pytest.mark.slow
 def test_real_smollm2_reuse_is_exact():
     """The real source model: stored (fp32) KV placed after a chat prefix matches native prefill there."""
-    from cagkit.models import load_model
+    from cagkit.models.loading import load_model
 
     lm = load_model("smollm2")
     tok = lm.tokenizer

@@ -19,9 +19,9 @@ from llama_index.core.retrievers import QueryFusionRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from cagkit import Store, ask
-from cagkit.embeddings import embed
 from cagkit.errors import CagkitError
-from cagkit.llama_index import CAGQueryEngine, CAGRetriever, ingest_documents
+from cagkit.integrations.llama_index import CAGQueryEngine, CAGRetriever, ingest_documents
+from cagkit.retrieval.embeddings import embed
 
 FACTS = {
     "lighthouse": "The Varnholm lighthouse keeper polishes the brass lens every Tuesday with walnut oil.",

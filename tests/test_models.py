@@ -6,9 +6,10 @@ import hashlib
 
 import pytest
 
-from cagkit import models
+from cagkit.models import registry as models
 from cagkit.errors import ModelError
-from cagkit.models import KNOWN_MODELS, ModelSpec, describe_models, fingerprint, resolve
+from cagkit.models.loading import fingerprint
+from cagkit.models.registry import KNOWN_MODELS, ModelSpec, describe_models, resolve
 
 
 def test_unknown_names_and_bad_directories_are_clear_errors(tmp_path):

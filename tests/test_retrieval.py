@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cagkit.ask import retrieve
 from cagkit.errors import CagkitError
-from cagkit.ingest import ingest
-from cagkit.retrieval import RRF_K, LexicalIndex, rank, terms
-from cagkit.store import Store
+from cagkit.ingest.pipeline import ingest
+from cagkit.retrieval.lexical import LexicalIndex, terms
+from cagkit.retrieval.rank import RRF_K, rank
+from cagkit.retrieval.search import retrieve
+from cagkit.store.store import Store
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "docs"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from cagkit.translators import LayerTranslator, TranslatorConfig
+from cagkit.translate.translator import LayerTranslator, TranslatorConfig
 
 _SPEC = importlib.util.spec_from_file_location("routing_benchmark",
                                                Path(__file__).parents[1] / "benchmarks" / "routing.py")

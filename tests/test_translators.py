@@ -14,14 +14,16 @@ import pytest
 import torch
 from conftest import make_tiny_gemma3, make_tiny_llama
 
-from cagkit import training
-from cagkit.alignment import align
+from cagkit.translate.train import training
 from cagkit.errors import TranslatorError
 from cagkit.files import default_file_mode
-from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv, prefix_cache
-from cagkit.models import LoadedModel, register_loaded
-from cagkit.rope import RotaryTables
-from cagkit.training import (
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.place import place_chunks
+from cagkit.kv.prefill import prefill_kv, prefix_cache
+from cagkit.kv.rope import RotaryTables
+from cagkit.models.loading import LoadedModel, register_loaded
+from cagkit.translate.alignment import align
+from cagkit.translate.train.training import (
     TrainingData,
     TrainSettings,
     _config_key,
@@ -41,7 +43,7 @@ from cagkit.training import (
     top_bins_kl,
     train_translator,
 )
-from cagkit.translators import (
+from cagkit.translate.translator import (
     LayerTranslator,
     Translator,
     TranslatorConfig,
@@ -623,7 +625,7 @@ def test_overlap_alignment_trains_on_its_own_data_and_is_recorded(pair, corpus, 
 
 
 def test_score_rescores_an_old_card_without_touching_the_weights(pair, corpus, tmp_path, capsys):
-    from cagkit.cli import main
+    from cagkit.cli.app import main
 
     path = train_translator("tiny-src", "tiny-tgt", corpus, kind="linear", settings=tiny_settings(sizes=LINEAR_SIZES),
                             out=tmp_path / "t.safetensors", work_dir=tmp_path, log=lambda m: None)

@@ -44,10 +44,9 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cagkit.config import DEFAULT_CHUNK_TOKENS, Placement
 from cagkit.errors import CagkitError
 from cagkit.evaluation.metrics import paired_bootstrap
-from cagkit.options import DEFAULT_CHUNK_TOKENS
-from cagkit.placement import Placement
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -36,19 +36,29 @@ from pathlib import Path
 
 import torch
 
-from cagkit.ask import answer_from_chunks, build_context_cache, retrieve
-from cagkit.cards import translator_path
-from cagkit.documents import check_chunk_tokens
+from cagkit.ask import answer_from_chunks, build_context_cache
+from cagkit.config import (
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_MODEL,
+    DEFAULT_RETRIEVAL,
+    DEFAULT_SOURCE,
+    DEFAULT_TOP_K,
+    EVAL_METHODS,
+    KV_DTYPES,
+    PLACEMENT_FIELDS,
+    Placement,
+)
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
-from cagkit.ingest import ingest
-from cagkit.kvcache import model_device, synchronize
-from cagkit.models import LoadedModel, load_model
-from cagkit.options import DEFAULT_CHUNK_TOKENS, DEFAULT_RETRIEVAL, EVAL_METHODS, KV_DTYPES
-from cagkit.placement import PLACEMENT_FIELDS, Placement
-from cagkit.retrieval import check_retrieval
-from cagkit.store import Hit, Store
+from cagkit.ingest.chunking import check_chunk_tokens
+from cagkit.ingest.pipeline import ingest
+from cagkit.models.device import model_device, synchronize
+from cagkit.models.loading import LoadedModel, load_model
+from cagkit.retrieval.rank import check_retrieval
+from cagkit.retrieval.search import retrieve
+from cagkit.store.store import Hit, Store
+from cagkit.translate.cards import translator_path
 
 TRANSLATED = ("linear", "projector", "mot")
 RESULTS_DIR = Path("results")
@@ -58,11 +68,11 @@ _RESUMABLE_CHANGES = ("limit", "store")
 
 def run_eval(
     data: str | Path,
-    source: str = "smollm2",
-    target: str = "smollm2",
+    source: str = DEFAULT_SOURCE,
+    target: str = DEFAULT_MODEL,
     methods: list[str] = EVAL_METHODS,
     limit: int | None = None,
-    top_k: int = 4,
+    top_k: int = DEFAULT_TOP_K,
     full_context: bool = False,
     out: str | Path | None = None,
     data_format: str | None = None,
@@ -368,7 +378,7 @@ def _translator_problem(method: str, lm: LoadedModel, store: Store) -> str | Non
     if method not in TRANSLATED or lm.fingerprint == store.settings.source_fingerprint:
         return None
     try:
-        from cagkit.translators import load_translator
+        from cagkit.translate.translator import load_translator
 
         load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=method)
     except (ImportError, CagkitError) as exc:

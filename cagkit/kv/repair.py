@@ -25,8 +25,11 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from cagkit.kvcache import ChunkKV, model_device, prefill_kv
-from cagkit.rope import RotaryTables, apply_rope, decoder_stack, layer_types, remove_rope
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.prefill import prefill_kv
+from cagkit.kv.rope import RotaryTables, apply_rope, remove_rope
+from cagkit.models.architecture import decoder_stack, layer_types
+from cagkit.models.device import model_device
 
 JOINT_LAYERS = 2  # bottom layers prefilled jointly; the deviation is measured at the top one of them
 

@@ -36,12 +36,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cagkit.alignment import align
-from cagkit.cards import card_path, train_command, translator_path, write_card
+from cagkit.config import EXPERT_INPUTS
+from cagkit.config import TRANSLATOR_KINDS as KINDS
 from cagkit.errors import TranslatorError
 from cagkit.files import save_safetensors
-from cagkit.kvcache import ChunkKV, model_device
-from cagkit.options import EXPERT_INPUTS, TRANSLATOR_KINDS as KINDS
+from cagkit.kv.chunk import ChunkKV
+from cagkit.models.device import model_device
+from cagkit.translate.alignment import align
+from cagkit.translate.cards import card_path, train_command, translator_path, write_card
 
 FORMAT_VERSION = 1
 

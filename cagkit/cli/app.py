@@ -1,4 +1,5 @@
-"""The `cagkit` command: a thin layer over the library; each command calls one library function."""
+"""The `cagkit` command: a thin layer over the library; each command calls one library function.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +12,31 @@ import warnings
 from pathlib import Path
 
 from cagkit import __version__
+from cagkit.config import (
+    ALIGN_MODES,
+    ASK_MODES,
+    BLEND_SELECT,
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_MODEL,
+    DEFAULT_RETRIEVAL,
+    DEFAULT_SOURCE,
+    DEFAULT_STORE,
+    EVAL_METHODS,
+    EXPERT_INPUTS,
+    KV_DTYPES,
+    RETRIEVAL_MODES,
+    TRANSLATOR_KINDS,
+    Placement,
+)
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS
-from cagkit.options import (ALIGN_MODES, ASK_MODES, DEFAULT_CHUNK_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_SOURCE,
-                            DEFAULT_STORE, EVAL_METHODS, EXPERT_INPUTS, KV_DTYPES, RETRIEVAL_MODES, TRANSLATOR_KINDS)
-from cagkit.placement import BLEND_SELECT, Placement
 
 DESCRIPTION = """Cache-augmented generation over long documents: prefill documents once with a cheap source model,
 keep the KV cache in a store, and answer with any target model from translated caches."""
 
 
 def _cmd_ingest(args) -> int:
-    from cagkit.ingest import ingest
+    from cagkit.ingest.pipeline import ingest
 
     report = ingest(args.paths, store=args.store, source=args.source, chunk_tokens=args.chunk_tokens,
                     prune=args.prune, dtype=args.dtype, progress=not args.quiet, device=args.device)
@@ -64,7 +78,7 @@ def _cmd_ask(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from cagkit.models import convert, describe_models
+    from cagkit.models.registry import convert, describe_models
 
     for name in args.convert or []:
         print(f"converting {name} …", file=sys.stderr)
@@ -84,7 +98,8 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_translators_train(args) -> int:
-    from cagkit.training import TrainSettings, train_translator
+    from cagkit.config import TrainSettings
+    from cagkit.translate.train.training import train_translator
 
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
                              attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
@@ -120,7 +135,7 @@ def _focus(args) -> dict:
 
 
 def _cmd_translators_score(args) -> int:
-    from cagkit.training import score_translator
+    from cagkit.translate.train.training import score_translator
 
     for checkpoint in args.checkpoints:
         heldout = score_translator(checkpoint, corpus=args.corpus)
@@ -132,7 +147,7 @@ def _cmd_translators_score(args) -> int:
 
 
 def _cmd_translators_list(args) -> int:
-    from cagkit.cards import HELDOUT_BAR, list_translators, translators_dir
+    from cagkit.translate.cards import HELDOUT_BAR, list_translators, translators_dir
 
     rows = list_translators(args.dir)
     if args.json:
@@ -157,7 +172,7 @@ def _cmd_translators_list(args) -> int:
 
 
 def _cmd_store_info(args) -> int:
-    from cagkit.store import Store
+    from cagkit.store.store import Store
 
     with Store.open(args.store) as st:
         info = st.summary()
@@ -181,7 +196,7 @@ def _cmd_store_info(args) -> int:
 
 
 def _cmd_store_remove(args) -> int:
-    from cagkit.ingest import remove
+    from cagkit.ingest.pipeline import remove
 
     removed = remove(args.paths, store=args.store)
     for path in removed:
@@ -254,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ask", help="answer a question from the stored documents")
     p.add_argument("question")
     p.add_argument("--store", default=store_default, help="store directory (default: %(default)s, or $CAGKIT_STORE)")
-    p.add_argument("--model", default="smollm2", help="target model (default: %(default)s)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="target model (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
     _add_retrieval_option(p)
     p.add_argument("--mode", default="mot", choices=ASK_MODES,
@@ -377,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="measure answer quality and speed of each method on a QA data set")
     p.add_argument("--data", required=True, help="JSONL (cagkit format), SQuAD v2 JSON, HotpotQA, L-Eval or RACE file")
     p.add_argument("--format", default=None, choices=FORMATS, help="data format (default: detected from the file)")
-    p.add_argument("--source", default="smollm2", help="model that ingests the documents (default: %(default)s)")
+    p.add_argument("--source", default=DEFAULT_SOURCE, help="model that ingests the documents (default: %(default)s)")
     p.add_argument("--target", required=True, help="model that answers")
     p.add_argument("--methods", default="native,none,source,linear,projector,mot",
                    help=f"comma-separated, of {', '.join(EVAL_METHODS)} (default: %(default)s)")
@@ -512,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "device"):  # the commands that run models
             _set_threads(args)
         if getattr(args, "device", None):
-            from cagkit.models import resolve_device
+            from cagkit.models.loading import resolve_device
 
             resolve_device(args.device)  # a bad --device fails before any work, not after an ingest
         if hasattr(args, "blend"):  # so do placement options out of range, before a model loads

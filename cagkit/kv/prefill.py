@@ -1,42 +1,17 @@
-"""Prefill a model to capture per-layer KV, and place stored (RoPE-free) KV into a model's cache.
-
-Layouts: cagkit keeps KV in the flash-attention layout, per layer `[T, H, D]`, stacked over layers as
-`[L, T, H, D]`. transformers' cache holds `[B, H, T, D]` per layer; the conversions live here.
+"""Prefill a model and capture its per-layer KV with RoPE removed (`ChunkKV`), alone, in a batch, or after
+the target's attention sink; and prefill a target-native prefix into a cache shaped by the model's config.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import DynamicCache
 
-from cagkit.rope import RotaryTables, apply_rope, decoder_stack, remove_rope
-
-
-@dataclass
-class ChunkKV:
-    """The RoPE-free KV of one chunk. keys, values: [L, T, H, D]."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-
-    @property
-    def num_tokens(self) -> int:
-        return self.keys.shape[1]
-
-
-def model_device(model) -> torch.device:
-    """The device of a model's weights: where its inputs (and the KV placed into its cache) must be (the CPU for
-    a model without parameters)."""
-    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-    return first.device if first is not None else torch.device("cpu")
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the GPU's queued work, so a wall-clock reading after it counts that work (no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.rope import RotaryTables, remove_rope
+from cagkit.models.architecture import decoder_stack
+from cagkit.models.device import model_device
+from cagkit.models.loading import LoadedModel
 
 
 class _StopForward(Exception):
@@ -124,23 +99,18 @@ def prefix_cache(model, prefix_ids: list[int]) -> DynamicCache:
     return cache
 
 
-@torch.no_grad()
-def place_chunks(model, cache: DynamicCache, chunks: list[ChunkKV], tables: RotaryTables | None = None) -> None:
-    """Append chunks after what `cache` holds, re-applying RoPE at their new positions.
+def sink_ids(lm: LoadedModel) -> list[int]:
+    """The short target-native prefix a chunk is prefilled or translated after (the attention sink): BOS when
+    the model has one, else its end-of-text token."""
+    tok = lm.tokenizer
+    first = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    return [first] if first is not None else []
 
-    Sliding-window layers keep only their last window of tokens, exactly as after a native prefill.
-    """
-    if not chunks:
-        return
-    tables = tables or RotaryTables(model)
-    start = cache.get_seq_length()
-    device = model_device(model)
-    keys = torch.cat([c.keys.to(device) for c in chunks], dim=1)  # [L, N, H, D]
-    values = torch.cat([c.values.to(device) for c in chunks], dim=1)
-    positions = torch.arange(start, start + keys.shape[1], device=device)
-    dtype = next(model.parameters()).dtype
-    for layer in range(keys.shape[0]):
-        cos, sin = tables(layer, positions)
-        k = apply_rope(keys[layer].float(), cos, sin)  # [N, H, D]
-        # [N, H, D] -> [1, H, N, D]
-        cache.update(k.transpose(0, 1)[None].to(dtype), values[layer].transpose(0, 1)[None].to(dtype), layer)
+
+def chunk_alone_kv(lm: LoadedModel, text: str, layers: int | None = None) -> ChunkKV:
+    """The target's own RoPE-free KV of `text` prefilled alone after its sink (the sink's KV left out): what
+    the translators are trained to reproduce. With `layers`, only the bottom `layers` layers."""
+    sink = sink_ids(lm)
+    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    kv = prefill_kv(lm.model, sink + ids, layers=layers)
+    return ChunkKV(kv.keys[:, len(sink):], kv.values[:, len(sink):])

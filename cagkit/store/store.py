@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 from safetensors import safe_open
 
+from cagkit.config import KV_DTYPES
 from cagkit.errors import StoreError
 from cagkit.files import save_safetensors
-from cagkit.options import KV_DTYPES
 
 if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit store info` starts at once
     import torch
 
-    from cagkit.kvcache import ChunkKV
+    from cagkit.kv.chunk import ChunkKV
 
 FORMAT_VERSION = 1
 _CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences are optional
@@ -337,7 +337,8 @@ class Store:
         only them: BM25's word statistics are theirs too (`cagkit eval`, where each question has its own
         documents in one shared store). Each hit's `score` is the one it was ranked by.
         """
-        from cagkit.retrieval import LexicalIndex, rank  # rank refuses an unknown retrieval
+        from cagkit.retrieval.lexical import LexicalIndex
+        from cagkit.retrieval.rank import rank  # rank refuses an unknown retrieval
 
         if self._index is None:
             rows = self._conn.execute(
@@ -390,7 +391,7 @@ class Store:
         ).fetchone()
         if row is None:
             raise StoreError(f"chunk {chunk_id} is not in store {self.path}")
-        from cagkit.kvcache import ChunkKV
+        from cagkit.kv.chunk import ChunkKV
 
         doc_path, kv_file, idx, text = row
         file = self.path / "kv" / kv_file

@@ -10,28 +10,12 @@ import inspect
 
 import torch
 
+from cagkit.models.architecture import decoder_stack, layer_types
+
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def layer_types(config) -> list[str]:
-    """Per layer, 'full_attention' or 'sliding_attention' (every layer full when the config says nothing)."""
-    types = getattr(config, "layer_types", None)
-    return list(types) if types else ["full_attention"] * config.num_hidden_layers
-
-
-def sliding_window(config, layer: int) -> int | None:
-    """The window of a sliding-attention layer, None for a full-attention one."""
-    if layer_types(config)[layer] == "sliding_attention":
-        return config.sliding_window
-    return None
-
-
-def decoder_stack(model):
-    """The model's decoder (embeddings, layers, rotary module) without the LM head."""
-    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
 
 
 class RotaryTables:

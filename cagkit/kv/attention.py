@@ -20,8 +20,8 @@ from functools import lru_cache
 
 import torch
 
-from cagkit.kvcache import ChunkKV
-from cagkit.rope import RotaryTables, apply_rope
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.rope import RotaryTables, apply_rope
 
 
 @lru_cache(maxsize=1)

@@ -34,21 +34,24 @@ import os
 import random
 import resource
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
-from cagkit.alignment import align
-from cagkit.ask import sink_ids
-from cagkit.blend import blend
+from cagkit.config import TrainSettings
 from cagkit.errors import TranslatorError
 from cagkit.generation import prompt_parts
-from cagkit.kvcache import ChunkKV, place_chunks, prefill_kv
-from cagkit.models import LoadedModel, cagkit_home, load_model
-from cagkit.rope import RotaryTables, apply_rope, remove_rope
-from cagkit.translators import (
+from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.place import place_chunks
+from cagkit.kv.prefill import prefill_kv, sink_ids
+from cagkit.kv.repair import blend
+from cagkit.kv.rope import RotaryTables, apply_rope, remove_rope
+from cagkit.models.loading import LoadedModel, load_model
+from cagkit.models.registry import cagkit_home
+from cagkit.translate.alignment import align
+from cagkit.translate.translator import (
     Translator,
     TranslatorConfig,
     TranslatorNet,
@@ -60,60 +63,6 @@ from cagkit.translators import (
     translator_path,
     write_card,
 )
-
-
-@dataclass
-class TrainSettings:
-    """Everything that shapes a training run; recorded in the card."""
-
-    steps: int = 600
-    prefix_tokens: int = 128  # target tokens of each training example's translated prefix
-    continuation_tokens: int = 32  # target tokens replayed for the Context Correction Loss
-    # Share of examples whose continuation is a span copied from the prefix instead of the text that follows it:
-    # replaying it natively needs recall from the context (as answering a question about it does), not only
-    # the last few tokens, so CCL on it trains the keys the target's look-up heads match against.
-    recall_fraction: float = 0.5
-    examples: int = 200  # ~25k target tokens; on 2 busy cores about 15 min of paired prefill
-    shard_size: int = 25
-    batch: int = 4
-    lr: float = 1e-3
-    skip_lr_scale: float = 0.1
-    warmup: int = 50
-    kv_weight: float = 1.0
-    kl_weight: float = 1.0
-    hidden_weight: float = 1.0
-    # Weight of the attention loss: in every translated layer, the continuation's native queries attend over
-    # the translated keys as over the native ones (KL of the attention over the prefix). Keys decide what a
-    # look-up in the context finds; 0 leaves it out (the shipped checkpoints were trained without it).
-    attention_weight: float = 0.0
-    balance_weight: float = 0.01
-    top_logits: int = 64
-    # The CCL's logits KL. False: over the native top `top_logits` tokens, renormalised (mass the translated
-    # context puts elsewhere is not seen). True: over the whole vocabulary, coarsened to those tokens plus one
-    # bin for all the others, which is exact for that partition and needs the native log-partition per
-    # position (stored with the data) and the target's full LM head on every replayed token.
-    full_vocab_kl: bool = False
-    ridge: float = 10.0
-    checkpoint_every: int = 25
-    heldout_examples: int = 20
-    # Target tokens of each held-out passage's translated prefix: fixed apart from `prefix_tokens`, so cards of
-    # runs trained on other prefix lengths are scored on the same passages and compare.
-    heldout_prefix_tokens: int = 128
-    heldout_seed: int = 0  # picks the held-out passages, apart from `seed`, so runs of other seeds compare too
-    # Question-answer continuations: in a share `qa_fraction` of the examples the prefix is a passage of a
-    # question-answering file `qa_data` (any format `cagkit eval` reads) that holds a question's answer, and the
-    # continuation is the rest of the prompt `cagkit ask` gives the target for that question, then the answer
-    # (padded to the continuation length and masked there),
-    # so the CCL pulls the target's reading of a question and its answer over the translated passage towards
-    # its native one. `qa_skip` leaves out the first N questions and every question on their documents, so a
-    # run can train on a QA file whose first N questions `cagkit eval --limit N` scores.
-    qa_data: str | None = None
-    qa_format: str | None = None
-    qa_fraction: float = 0.0
-    qa_skip: int = 0
-    seed: int = 0
-    threads: int = 1
-    sizes: dict = field(default_factory=dict)  # TranslatorConfig overrides (width, num_experts, align_mode...)
 
 
 def corpus_files(corpus: Path, heldout: bool) -> list[Path]:

@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from cagkit.errors import ModelError
@@ -130,6 +130,8 @@ def convert(alias: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from cagkit.models.loading import fingerprint
+
     spec = KNOWN_MODELS[alias]
     final = converted_dir(alias)
     if is_converted(alias):
@@ -174,140 +176,6 @@ def resolve(name: str) -> tuple[str, str | Path]:
         f"unknown model '{name}'; use one of {', '.join(KNOWN_MODELS)}, a Hugging Face id, or a local model "
         f"directory (see `cagkit models`)"
     )
-
-
-def fingerprint(model) -> str:
-    """A short id of a model's config and weights: equal models agree, a different checkpoint does not.
-
-    Hashes the architecture fields of the config and, for every tensor, its name, shape and a strided sample of
-    its values; cheap (milliseconds) yet sensitive to any retraining or re-quantisation.
-    """
-    import torch
-
-    cfg = model.config.to_dict()
-    keep = {
-        k: cfg.get(k)
-        for k in ("model_type", "num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
-    }
-    digest = hashlib.sha256(json.dumps(keep, sort_keys=True).encode())
-    with torch.no_grad():
-        for name, tensor in sorted(model.state_dict().items()):
-            flat = tensor.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // 256)][:256].to(torch.float32).cpu()
-            digest.update(f"{name}{tuple(tensor.shape)}".encode())
-            digest.update(sample.numpy().round(5).tobytes())
-    return digest.hexdigest()[:16]
-
-
-@dataclass
-class LoadedModel:
-    """A causal LM ready for prefill, with the facts about it that cagkit uses."""
-
-    name: str
-    model: object
-    tokenizer: object
-    fingerprint: str
-    chat: bool
-    info: dict = field(default_factory=dict)
-
-    @property
-    def config(self):
-        return self.model.config.get_text_config()
-
-    @property
-    def device(self):
-        """Where the model's weights live (and every tensor cagkit feeds it must be)."""
-        from cagkit.kvcache import model_device
-
-        return model_device(self.model)
-
-    @property
-    def num_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.config.num_key_value_heads
-
-    @property
-    def head_dim(self) -> int:
-        cfg = self.config
-        return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-
-    def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-_LOADED: dict[tuple[str, str], LoadedModel] = {}
-_REGISTERED: dict[str, LoadedModel] = {}
-
-
-def resolve_device(device: str | None = None):
-    """The torch device models run on: `device`, else `$CAGKIT_DEVICE`, else `auto` (CUDA when PyTorch sees a
-    GPU, otherwise the CPU). Accepts `auto`, `cpu`, `cuda` and `cuda:N`."""
-    import torch
-
-    name = (device or os.environ.get("CAGKIT_DEVICE") or "auto").strip().lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(name)
-    except (RuntimeError, ValueError):
-        resolved = None
-    if resolved is None or resolved.type not in ("cpu", "cuda"):
-        raise ModelError(f"unknown device '{name}' (from --device or $CAGKIT_DEVICE); use auto, cpu, cuda or cuda:N")
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ModelError(f"device '{name}' was asked for but PyTorch sees no CUDA GPU here; use --device cpu "
-                             "(or auto), or install a CUDA build of torch")
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ModelError(f"device '{name}' does not exist: PyTorch sees {torch.cuda.device_count()} GPU(s), "
-                             f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-    return resolved
-
-
-def load_model(name: str, device: str | None = None) -> LoadedModel:
-    """Load a model by alias, Hugging Face id or directory (fp32, eval mode) onto `device` (see
-    `resolve_device`); cached per process and device. A model made loadable with `register_loaded` is returned
-    as registered, wherever it lives."""
-    if name in _REGISTERED:
-        return _REGISTERED[name]
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target = resolve_device(device)
-    key = (name, str(target))
-    if key in _LOADED:
-        return _LOADED[key]
-    display, where = resolve(name)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32)
-    except OSError as exc:
-        raise ModelError(f"cannot load model '{name}' from {where}: {exc}") from exc
-    model.eval()
-    info_file = Path(where) / "cagkit-model.json" if isinstance(where, Path) else None
-    info = json.loads(info_file.read_text()) if info_file and info_file.exists() else {}
-    spec = KNOWN_MODELS.get(name)
-    loaded = LoadedModel(
-        name=display,
-        model=model,
-        tokenizer=tokenizer,
-        fingerprint=info.get("fingerprint") or fingerprint(model),
-        chat=spec.chat if spec else tokenizer.chat_template is not None,
-        info=info,
-    )
-    model.to(target)
-    _LOADED[key] = loaded
-    return loaded
-
-
-def register_loaded(name: str, loaded: LoadedModel) -> None:
-    """Make an in-memory model loadable by `name` (tests use tiny random models this way)."""
-    _REGISTERED[name] = loaded
 
 
 def describe_models() -> list[dict]:

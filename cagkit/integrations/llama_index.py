@@ -1,7 +1,7 @@
 """LlamaIndex integration: build a store from LlamaIndex Documents, retrieve its chunks as nodes, answer from their KV.
 
     from llama_index.core import SimpleDirectoryReader
-    from cagkit.llama_index import CAGQueryEngine, CAGRetriever, ingest_documents
+    from cagkit.integrations.llama_index import CAGQueryEngine, CAGRetriever, ingest_documents
 
     ingest_documents(SimpleDirectoryReader("docs", filename_as_id=True), store="stores/docs")
     retriever = CAGRetriever(store="stores/docs", similarity_top_k=4)
@@ -43,13 +43,14 @@ from llama_index.core.schema import (
 )
 from llama_index.core.settings import Settings
 
-from cagkit.ask import MODES, Answer, Placement, answer_from_chunks, retrieve
+from cagkit.ask import MODES, Answer, Placement, answer_from_chunks
+from cagkit.config import DEFAULT_MODEL, DEFAULT_RETRIEVAL, DEFAULT_STORE, DEFAULT_TOP_K
 from cagkit.errors import CagkitError
-from cagkit.ingest import IngestReport, ingest_texts
-from cagkit.models import load_model
-from cagkit.options import DEFAULT_RETRIEVAL, DEFAULT_STORE
-from cagkit.retrieval import check_retrieval
-from cagkit.store import Hit, Store
+from cagkit.ingest.pipeline import IngestReport, ingest_texts
+from cagkit.models.loading import load_model
+from cagkit.retrieval.rank import check_retrieval
+from cagkit.retrieval.search import retrieve
+from cagkit.store.store import Hit, Store
 
 # Metadata keys that locate a node's chunk in the store; not for embedding or for an LLM's prompt.
 _CHUNK_KEYS = ("chunk_id", "chunk_index")
@@ -84,7 +85,7 @@ class CAGRetriever(BaseRetriever):
     def __init__(
         self,
         store: str | Path | Store = DEFAULT_STORE,
-        similarity_top_k: int = 4,
+        similarity_top_k: int = DEFAULT_TOP_K,
         retrieval: str = DEFAULT_RETRIEVAL,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
@@ -137,7 +138,7 @@ class CAGQueryEngine(BaseQueryEngine):
     def __init__(
         self,
         retriever: BaseRetriever,
-        model: str = "smollm2",
+        model: str = DEFAULT_MODEL,
         mode: str = "mot",
         max_new_tokens: int = 64,
         streaming: bool = False,
@@ -172,7 +173,7 @@ class CAGQueryEngine(BaseQueryEngine):
 
     @classmethod
     def from_store(
-        cls, store: str | Path | Store = DEFAULT_STORE, similarity_top_k: int = 4, **kwargs
+        cls, store: str | Path | Store = DEFAULT_STORE, similarity_top_k: int = DEFAULT_TOP_K, **kwargs
     ) -> CAGQueryEngine:
         """A query engine over a CAGRetriever of `store`; `kwargs` as for CAGQueryEngine."""
         return cls(CAGRetriever(store, similarity_top_k), **kwargs)

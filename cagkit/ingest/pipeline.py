@@ -1,4 +1,5 @@
-"""`cagkit ingest`: read documents, chunk them, prefill each chunk once with the source model, store the KV."""
+"""`cagkit ingest`: read documents, chunk them, prefill each chunk once with the source model, store the KV.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cagkit.documents import check_chunk_tokens, chunk_text, find_documents, read_document
-from cagkit.embeddings import EMBEDDER_NAME, embed_sentences, embed_with_sentences
+from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
-from cagkit.kvcache import prefill_kv_batch
-from cagkit.models import load_model
-from cagkit.options import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE
-from cagkit.rope import RotaryTables
-from cagkit.store import NewChunk, Store, StoreSettings, check_dtype
+from cagkit.ingest.chunking import check_chunk_tokens, chunk_text
+from cagkit.ingest.documents import find_documents, read_document
+from cagkit.kv.prefill import prefill_kv_batch
+from cagkit.kv.rope import RotaryTables
+from cagkit.models.loading import load_model
+from cagkit.retrieval.embeddings import EMBEDDER_NAME, embed_sentences, embed_with_sentences
+from cagkit.store.store import NewChunk, Store, StoreSettings, check_dtype
 
 
 @dataclass

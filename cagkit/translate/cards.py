@@ -26,7 +26,7 @@ def write_card(checkpoint: Path, card: dict) -> Path:
 def translators_dir() -> Path:
     """Where shipped translators live: `$CAGKIT_TRANSLATORS`, else `translators/` at the repository root."""
     env = os.environ.get("CAGKIT_TRANSLATORS")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "translators"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "translators"
 
 
 def translator_path(source: str, target: str, kind: str = "mot") -> Path:

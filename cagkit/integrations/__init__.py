@@ -1,0 +1,1 @@
+"""cagkit inside other frameworks."""

@@ -1,0 +1,18 @@
+"""Retrieve the chunks of a store best for a question.
+"""
+
+from __future__ import annotations
+
+from cagkit.config import DEFAULT_RETRIEVAL
+from cagkit.errors import CagkitError
+from cagkit.retrieval.embeddings import embed_query
+from cagkit.store.store import Hit, Store
+
+
+def retrieve(store: Store, question: str, top_k: int, retrieval: str = DEFAULT_RETRIEVAL,
+             documents: list[str] | None = None) -> list[Hit]:
+    """The `top_k` chunks of `store` (of its `documents` only, when given) best for `question`, best first,
+    ranked by `retrieval`: `hybrid` (embedding and BM25 rankings fused), `dense` or `lexical`."""
+    if top_k < 1:
+        raise CagkitError(f"--top-k must be at least 1, got {top_k}")
+    return store.search(embed_query(question), top_k, text=question, retrieval=retrieval, documents=documents)

@@ -1,0 +1,1 @@
+"""Training translators: paired prefill data, the losses, the loop and the held-out scoring."""
