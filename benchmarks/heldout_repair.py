@@ -6,12 +6,13 @@ recomputed a share of its tokens.
                                         [--ratios 0.15,0.3] [--examples 20] [--corpus DIR] [--translators DIR]
                                         [--out results/heldout_repair.json]
 
-The passages, continuations and scoring are the translator cards' (`cagkit.training.evaluate_translator` with
-`repair_ratios`: 128-token passages of the held-out corpus files, 32 continuation tokens, recovery = share of the
-no-context -> native gap closed), so the "translated" column reproduces the cards' held-out scores. A held-out
-passage has no question, so the repair picks its tokens by their layer-1 deviation (`--blend-select
-deviation`), not by the question as `ask` does by default. `--translators DIR` reads the checkpoints from DIR
-instead of the shipped ones (as CAGKIT_TRANSLATORS does for `ask`).
+The passages, continuations and scoring are the translator cards' (`evaluate_translator` of
+`cagkit.translate.train.heldout` with `lab.heldout.diagnostics(repair_ratios=...)`: 128-token passages of the
+held-out corpus files, 32 continuation tokens, recovery = share of the no-context -> native gap closed), so the
+"translated" column reproduces the cards' held-out scores. A held-out passage has no question, so the repair picks
+its tokens by their layer-1 deviation (`--blend-select deviation`), not by the question as `ask` does by default.
+`--translators DIR` reads the checkpoints from DIR instead of the shipped ones (as CAGKIT_TRANSLATORS does for
+`ask`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import torch
 
 from cagkit.config import TrainSettings
 from cagkit.models.loading import load_model
-from cagkit.translate.train.training import evaluate_translator
+from cagkit.translate.train.heldout import evaluate_translator
 from cagkit.translate.translator import read_translator, translator_path
+from lab.heldout import diagnostics
 
 
 def main() -> int:
@@ -53,7 +55,7 @@ def main() -> int:
     for kind in args.kinds.split(","):
         path = translator_path(args.source, args.target, kind)
         scores = evaluate_translator(read_translator(path), source, target, Path(args.corpus), settings,
-                                     repair_ratios=ratios)
+                                     variants=diagnostics(target, repair_ratios=ratios))
         results[kind] = {"checkpoint": str(path)}
         for task, part in (("next", scores), ("recall", scores["recall"])):
             results[kind][task] = {c: {"loss_recovery": part["recovery"][c], "kl_recovery": part["kl_recovery"][c]}

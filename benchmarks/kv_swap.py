@@ -4,9 +4,10 @@ with the translated KV, with native keys and translated values, and with transla
     python benchmarks/kv_swap.py [--source smollm2] [--target gemma] [--kinds mot,linear] [--examples 20]
                                  [--corpus DIR] [--out results/kv_swap.json]
 
-The passages, continuations and scoring are the translator cards' (`cagkit.training.evaluate_translator` with
-`swap_halves`: 128-token passages of the held-out corpus files, 32 continuation tokens, recovery = share of the
-no-context -> native loss gap closed), so the "translated" column reproduces the cards' held-out scores.
+The passages, continuations and scoring are the translator cards' (`evaluate_translator` of
+`cagkit.translate.train.heldout` with `lab.heldout.diagnostics(swap_halves=True)`: 128-token passages of the
+held-out corpus files, 32 continuation tokens, recovery = share of the no-context -> native loss gap closed), so the
+"translated" column reproduces the cards' held-out scores.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import torch
 
 from cagkit.config import TrainSettings
 from cagkit.models.loading import load_model
-from cagkit.translate.train.training import evaluate_translator
+from cagkit.translate.train.heldout import evaluate_translator
 from cagkit.translate.translator import read_translator, translator_path
+from lab.heldout import diagnostics
 
 COLUMNS = ("translated", "native_keys", "native_values")
 
@@ -42,7 +44,8 @@ def main() -> int:
     results = {}
     for kind in args.kinds.split(","):
         translator = read_translator(translator_path(args.source, args.target, kind))
-        scores = evaluate_translator(translator, source, target, Path(args.corpus), settings, swap_halves=True)
+        scores = evaluate_translator(translator, source, target, Path(args.corpus), settings,
+                                     variants=diagnostics(target, swap_halves=True))
         results[kind] = {"next": {c: scores["recovery"][c] for c in COLUMNS},
                          "recall": {c: scores["recall"]["recovery"][c] for c in COLUMNS}}
         for task, row in results[kind].items():

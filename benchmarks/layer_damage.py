@@ -6,11 +6,11 @@ with the bottom or top half native.
                                       [--bands 4] [--examples 20] [--corpus DIR]
                                       [--out results/layer_damage-SOURCE-TARGET.json]
 
-The passages, continuations and scoring are the translator cards' (`cagkit.training.evaluate_translator` with
-`native_layer_sets`), so the "translated" row reproduces the cards' held-out scores. A layer's *damage* is 1 minus
-the KL recovery of the context where only that layer is translated: what translating that layer alone costs. Its
-*gain* is the KL recovery with only that layer native minus the KL recovery with every layer translated: what a
-perfect translation of that layer alone would buy.
+The passages, continuations and scoring are the translator cards' (`evaluate_translator` of
+`cagkit.translate.train.heldout` with `lab.heldout.diagnostics(native_layer_sets=...)`), so the "translated" row
+reproduces the cards' held-out scores. A layer's *damage* is 1 minus the KL recovery of the context where only that
+layer is translated: what translating that layer alone costs. Its *gain* is the KL recovery with only that layer
+native minus the KL recovery with every layer translated: what a perfect translation of that layer alone would buy.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import torch
 
 from cagkit.config import TrainSettings
 from cagkit.models.loading import load_model
-from cagkit.translate.train.training import evaluate_translator
+from cagkit.translate.train.heldout import evaluate_translator
 from cagkit.translate.translator import read_translator, translator_path
+from lab.heldout import diagnostics
 
 SWEEPS = ("damage", "gain")
 
@@ -70,7 +71,8 @@ def main() -> int:
     translator = read_translator(translator_path(args.source, args.target, args.kind))
     settings = TrainSettings(heldout_examples=args.examples)
     sets = layer_sets(target.num_layers, args.bands, sweeps)
-    scores = evaluate_translator(translator, source, target, Path(args.corpus), settings, native_layer_sets=sets)
+    scores = evaluate_translator(translator, source, target, Path(args.corpus), settings,
+                                 variants=diagnostics(target, native_layer_sets=sets))
     result = {"source": args.source, "target": args.target, "kind": args.kind, "examples": args.examples,
               "layers": target.num_layers, "tasks": {}}
     for task, block in (("next", scores), ("recall", scores["recall"])):

@@ -73,79 +73,13 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-MODEL_CYCLE = ("smollm2", "gemma", "qwen")
+from lab.multi_agent import MODEL_CYCLE, agent_models, discuss, native_memory, shared_memory, transient_memory
+
 SETTINGS = ("cagkit", "native")
-LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 SOURCE = "smollm2"
 NATIVE_BYTES_PER_VALUE = 2  # fp16 accounting for native caches, as `cagkit eval` reports them
 # Results that may differ between a run and the file it resumes.
 _RESUMABLE = ("limit", "command", "date", "wall_s")
-
-
-# --- pure logic (tested in tests/test_multi_agent.py)
-
-
-def agent_models(n: int, cycle: tuple[str, ...] = MODEL_CYCLE) -> list[str]:
-    """The models of agents 0..n-1: agent i runs cycle[i % len(cycle)]."""
-    return [cycle[i % len(cycle)] for i in range(n)]
-
-
-def discussion_question(question: str, choices: list[str], other_picks: list[int]) -> str:
-    """The round-2 input: the question with the other agents' round-1 picks appended, sorted by letter."""
-    if not other_picks:
-        return question
-    said = "; ".join(f"({LETTERS[c]}) {choices[c]}" for c in sorted(other_picks))
-    return f"{question}\nOther agents chose: {said}."
-
-
-def majority_vote(picks: list[int], scores: list[list[float]]) -> int:
-    """The most frequent pick; ties go to the highest sum of the agents' scores for the tied choices, then to
-    the lowest choice index. `scores[a][c]` is agent a's score for choice c."""
-    if not picks:
-        raise ValueError("no picks to vote on")
-    counts = Counter(picks)
-    top = max(counts.values())
-    tied = [c for c in counts if counts[c] == top]
-    return max(sorted(tied), key=lambda c: sum(agent[c] for agent in scores))  # max keeps the first of equals
-
-
-def discuss(models: list[str], question: str, choices: list[str],
-            score: Callable[[str, str], list[float]]) -> dict:
-    """Run the two-round discussion for agents with `models`; `score(model, text)` gives a model's choice scores.
-
-    Returns the round-1 and round-2 picks, the round-1 majority and the group answer (round-2 majority).
-    """
-    first = [score(m, question) for m in models]
-    picks1 = [_argmax(s) for s in first]
-    second = []
-    for i, m in enumerate(models):
-        others = picks1[:i] + picks1[i + 1:]
-        second.append(first[i] if not others else score(m, discussion_question(question, choices, others)))
-    picks2 = [_argmax(s) for s in second]
-    return {"picks1": picks1, "picks2": picks2,
-            "round1_group": majority_vote(picks1, first), "group": majority_vote(picks2, second)}
-
-
-def native_memory(models: list[str], kv_bytes: dict[str, int], tokens: dict[str, int]) -> dict:
-    """Every agent keeps its own cache: `kv_bytes[m]` bytes per token of model m, `tokens[m]` the documents'
-    tokens in m's tokenizer."""
-    return {"bytes_per_context_token": sum(kv_bytes[m] for m in models),
-            "total_bytes": sum(kv_bytes[m] * tokens[m] for m in models)}
-
-
-def shared_memory(source_kv_bytes: int, source_tokens: int) -> dict:
-    """One stored source cache for every agent, whatever their number."""
-    return {"bytes_per_context_token": source_kv_bytes, "total_bytes": source_kv_bytes * source_tokens}
-
-
-def transient_memory(models: list[str], kv_bytes: dict[str, int], largest_tokens: dict[str, int]) -> dict:
-    """The in-cache copy each agent holds while it answers: the largest one agent's, and all agents' at once."""
-    per_agent = [kv_bytes[m] * largest_tokens[m] for m in models]
-    return {"transient_peak_agent_bytes": max(per_agent, default=0), "transient_all_agents_bytes": sum(per_agent)}
-
-
-def _argmax(values: list[float]) -> int:
-    return max(range(len(values)), key=values.__getitem__)
 
 
 # --- running the models
@@ -246,7 +180,7 @@ def main() -> int:
 
     from cagkit.config import KV_DTYPES
     from cagkit.evaluation.datasets import detect_format, load_examples
-    from cagkit.evaluation.runner import _documents_dir, example_hits, write_documents, write_json_atomic
+    from cagkit.evaluation.runner import documents_dir, example_hits, write_documents, write_json_atomic
     from cagkit.ingest.pipeline import ingest
     from cagkit.models.loading import load_model
     from cagkit.store.store import Store
@@ -257,7 +191,7 @@ def main() -> int:
     if any(e.choices is None for e in examples):
         raise SystemExit(f"{args.data}: every question needs choices; use a closed-set data set such as RACE")
     store_path = Path(args.store or f"results/stores/multi_agent-{Path(args.data).stem}-{SOURCE}")
-    doc_paths = write_documents(examples, _documents_dir(store_path))
+    doc_paths = write_documents(examples, documents_dir(store_path))
     documents = sorted({p for paths in doc_paths for p in paths})
     _log(f"ingesting {len(documents)} documents with {SOURCE} into {store_path}")
     report = ingest(documents, store=store_path, source=SOURCE, progress=False)

@@ -21,9 +21,33 @@ import torch
 
 from cagkit.evaluation.runner import run_eval
 from cagkit.kv.chunk import ChunkKV
-from cagkit.translate.train.training import _with_native_layers  # the held-out sweeps' layer swap
+from cagkit.kv.context import TranslatedKV
+from cagkit.kv.prefill import chunk_alone_kv
+from cagkit.translate.train.heldout import with_native_layers  # the held-out sweeps' layer swap
 
 ask = importlib.import_module("cagkit.ask")  # the module; `cagkit.ask` the attribute is its function
+
+
+class TranslatedWithNativeLayers(TranslatedKV):
+    """The translated chunks with the keys and values of `layers` taken from the target's own prefill of each
+    chunk alone."""
+
+    def __init__(self, source: TranslatedKV, store, layers: list[int]) -> None:
+        super().__init__(source.mode, store, source.own_layers)
+        self.layers = layers
+
+    def chunk_kv(self, lm, chunks):
+        kvs, ids = super().chunk_kv(lm, chunks)
+        if not 0 <= min(self.layers) <= max(self.layers) < lm.num_layers:
+            raise SystemExit(f"--layers {','.join(map(str, self.layers))}: {lm.name} has layers 0 to "
+                             f"{lm.num_layers - 1}")
+        out = []
+        for chunk, kv in zip(chunks, kvs, strict=True):
+            own = chunk_alone_kv(lm, chunk.text)  # [L, T, H, D]
+            if own.num_tokens != kv.num_tokens:
+                raise SystemExit(f"the target's prefill has {own.num_tokens} tokens, the translation {kv.num_tokens}")
+            out.append(with_native_layers(kv, ChunkKV(own.keys.float(), own.values.float()), self.layers))
+        return out, ids
 
 
 def main() -> int:
@@ -39,21 +63,13 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     layers = [int(x) for x in args.layers.split(",")]
-    translated_kv = ask._target_kv
+    chosen = ask.context_source
 
-    def with_native_layers(lm, store, chunks, kind):
-        kvs, ids = translated_kv(lm, store, chunks, kind)
-        if not 0 <= min(layers) <= max(layers) < lm.num_layers:
-            raise SystemExit(f"--layers {args.layers}: {lm.name} has layers 0 to {lm.num_layers - 1}")
-        out = []
-        for chunk, kv in zip(chunks, kvs):
-            own = ask.chunk_alone_kv(lm, chunk.text)
-            if own.num_tokens != kv.num_tokens:
-                raise SystemExit(f"the target's prefill has {own.num_tokens} tokens, the translation {kv.num_tokens}")
-            out.append(_with_native_layers(kv, ChunkKV(own.keys.float(), own.values.float()), layers))
-        return out, ids
+    def context_source(mode, lm, store, placement):
+        source = chosen(mode, lm, store, placement)
+        return TranslatedWithNativeLayers(source, store, layers) if isinstance(source, TranslatedKV) else source
 
-    ask._target_kv = with_native_layers
+    ask.context_source = context_source  # every translated context of the eval gets the native layers
     torch.set_num_threads(int(os.environ.get("CAGKIT_THREADS", "1")))
     tag = "-".join(map(str, layers))
     out = args.out or f"results/native_layers-{args.source}-{args.target}-L{tag}.json"

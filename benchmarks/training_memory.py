@@ -19,7 +19,8 @@ import torch
 from cagkit.config import TrainSettings
 from cagkit.models.loading import load_model
 from cagkit.models.registry import cagkit_home
-from cagkit.translate.train.training import TrainingData, fit_ridge, fit_statistics
+from cagkit.translate.train.data import TrainingData
+from cagkit.translate.train.ridge import fit_ridge, fit_statistics
 from cagkit.translate.translator import TranslatorConfig, TranslatorNet
 
 

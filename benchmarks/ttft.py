@@ -32,7 +32,7 @@ the others cut the last chunk(s) short by C, 2C, ... tokens (a chunk's KV is cau
 by token, so a cut chunk's KV is the chunk's KV truncated). The points share one stretch of text, so they
 average out token noise, not the choice of passage. Per point the C + 1 tokens after the cut are fed after
 the context and the C predictions of tokens 2..C+1 are scored, as the translator cards' held-out evaluation does
-(`cagkit.training._continuation_logp`). Reported per method: NLL (mean over points), recovery =
+(`cagkit.translate.train.heldout.continuation_logp`). Reported per method: NLL (mean over points), recovery =
 (nll_none - nll) / (nll_none - nll_native), and the mean KL(native || method) of the next-token distributions
 over the full vocabulary, and for cagkit kl_recovery = 1 - KL(cagkit) / KL(none). Native needs one decoder pass
 over prefix + context + continuations per size (timed as `native_decoder_ms`).
@@ -70,7 +70,16 @@ from cagkit.kv.prefill import prefix_cache
 from cagkit.kv.rope import RotaryTables
 from cagkit.models.loading import load_model
 from cagkit.store.store import Hit, Store
-from cagkit.translate.train.training import _continuation_logp, _logits
+from cagkit.translate.train.data import target_logits
+from cagkit.translate.train.heldout import continuation_logp, kl_from_native, nll
+from lab.long_context import (
+    context_chunk_count,
+    continuation_points,
+    join_chunks,
+    recovery,
+    summary_rows,
+    truncated_lengths,
+)
 
 QUESTION = "Who is the main character of this story?"
 SEPARATOR = "\n\n"  # what native mode puts between chunks (build_context_cache)
@@ -157,16 +166,6 @@ def _sizes(args) -> list[int]:
     return [int(s) for s in args.sizes.split(",")]
 
 
-def context_chunk_count(chunk_tokens: list[int], size: int) -> int:
-    """How many leading chunks the context of `size` source tokens takes: chunks in order until they hold `size`."""
-    total = 0
-    for i, n in enumerate(chunk_tokens):
-        if total >= size:
-            return i
-        total += n
-    return len(chunk_tokens)
-
-
 def _measure(lm, store, hits, mode, size, repeats, placement: Placement = Placement()) -> dict:
     runs = []
     used = mode
@@ -225,45 +224,6 @@ class TargetStream:
                 for kv, n in zip(self.kvs, truncated_lengths(self.starts, self.lengths, cut)) if n > 0]
 
 
-def join_chunks(chunk_ids: list[list[int]], sep: list[int]) -> tuple[list[int], list[int]]:
-    """The token stream of chunks joined by `sep`, and where each chunk starts in it."""
-    ids: list[int] = []
-    starts = []
-    for i, chunk in enumerate(chunk_ids):
-        if i:
-            ids += sep
-        starts.append(len(ids))
-        ids += chunk
-    return ids, starts
-
-
-def truncated_lengths(starts: list[int], lengths: list[int], cut: int) -> list[int]:
-    """How many tokens of each chunk lie before stream position `cut`."""
-    return [max(0, min(n, cut - s)) for s, n in zip(starts, lengths)]
-
-
-def continuation_points(context_end: int, span: int, count: int) -> list[int]:
-    """Stream positions where the scored continuations start: the end of the context, then `span`, `2 * span`, ...
-    tokens earlier (latest first), none before position 1."""
-    return [p for p in (context_end - j * span for j in range(count)) if p >= 1]
-
-
-def nll(logp: torch.Tensor, truth: list[int]) -> float:
-    """Mean negative log-likelihood of `truth` under log-probabilities `logp` [C, V]."""
-    return float(-logp.gather(1, torch.tensor(truth)[:, None]).mean())
-
-
-def kl_from_native(native: torch.Tensor, other: torch.Tensor) -> float:
-    """Mean over positions of KL(native || other) of the next-token distributions; both log-probs [C, V]."""
-    return float((native.exp() * (native - other)).sum(-1).mean())
-
-
-def recovery(nll_none: float, nll_method: float, nll_native: float) -> float | None:
-    """The share of the no-context -> native NLL gap that the method closes (None when there is no gap)."""
-    gap = nll_none - nll_native
-    return (nll_none - nll_method) / gap if abs(gap) > 1e-9 else None
-
-
 @torch.no_grad()
 def _quality(lm, stream: TargetStream, count: int, size: int, span: int, points: int) -> dict:
     """NLL, recovery and KL-to-native of the continuations at the end of the first `count` chunks."""
@@ -286,13 +246,13 @@ def _quality(lm, stream: TargetStream, count: int, size: int, span: int, points:
         continuation = stream.ids[cut: cut + span + 1]
         truth = continuation[1:]
         at = len(prefix) + cut
-        logps = {"native": torch.log_softmax(_logits(lm, hidden[at: at + span]).float(), dim=-1)}
+        logps = {"native": torch.log_softmax(target_logits(lm, hidden[at: at + span]).float(), dim=-1)}
         cache = prefix_cache(lm.model, prefix)
-        logps["none"] = _continuation_logp(lm, cache, continuation)
+        logps["none"] = continuation_logp(lm, cache, continuation)
         cache = prefix_cache(lm.model, prefix)
         placed = stream.context_kv(cut)
         place_chunks(lm.model, cache, placed, tables)
-        logps["cagkit"] = _continuation_logp(lm, cache, continuation)
+        logps["cagkit"] = continuation_logp(lm, cache, continuation)
         per_point.append({
             "cut": cut,
             "native_context_tokens": cut,
@@ -325,24 +285,6 @@ def _quality(lm, stream: TargetStream, count: int, size: int, span: int, points:
 
 
 # ---- output --------------------------------------------------------------------------------------------------
-
-
-def summary_rows(result: dict) -> list[dict]:
-    """One row per target and size joining the TTFT rows (native and cagkit) with the quality entry."""
-    ttft = {}
-    for r in result["rows"]:
-        if "error" not in r:
-            key = (r["target"], r.get("size", r["context_tokens"]), "native" if r["mode"] == "native" else "cagkit")
-            ttft[key] = r
-    quality = {(q["target"], q["size"]): q for q in result.get("quality", []) if "error" not in q}
-    out = []
-    for (target, size, kind), r in ttft.items():
-        if kind != "native":
-            continue
-        c = ttft.get((target, size, "cagkit"))
-        q = quality.get((target, size))
-        out.append({"target": target, "size": size, "native": r, "cagkit": c, "quality": q})
-    return out
 
 
 def _print_tables(result: dict) -> None:

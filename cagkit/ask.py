@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,14 +23,14 @@ from cagkit.config import (
 from cagkit.errors import CagkitError
 from cagkit.generation import generate, prompt_parts
 from cagkit.kv.chunk import ChunkKV
+from cagkit.kv.context import PlacedSource, PromptSource, SelectedSentences, context_source
 from cagkit.kv.place import place_chunks
-from cagkit.kv.prefill import chunk_alone_kv, prefix_cache
+from cagkit.kv.prefill import prefix_cache
 from cagkit.kv.repair import blend as blend_chunks
-from cagkit.kv.repair import question_priority
 from cagkit.kv.rope import RotaryTables
+from cagkit.kv.selection import question_order
 from cagkit.models.device import synchronize
 from cagkit.models.loading import LoadedModel, load_model
-from cagkit.retrieval.embeddings import embed_query, embed_sentences
 from cagkit.retrieval.rank import check_retrieval
 from cagkit.retrieval.search import retrieve
 from cagkit.store.store import Hit, Store, StoredChunk
@@ -47,7 +46,7 @@ class Answer:
     model: str
     mode: str
     context_tokens: int = 0
-    placement: dict = field(default_factory=dict)  # the ask-time options (`Placement.settings`); {} for native
+    placement: dict = field(default_factory=dict)  # the ask-time options that shaped the context; {} for native
     retrieval: str | None = None  # how `ask` ranked the chunks (`cagkit.retrieval`); None when they were given
 
     def to_dict(self) -> dict:
@@ -81,13 +80,16 @@ def ask(
             `linear` and `projector` all reuse the stored cache as it is. `oracle` is a diagnostic: the target
             prefills each chunk alone after its sink token, the cache a perfect translator would produce, so
             it shows what the store's layout (chunks that never attend to each other) costs by itself.
+            `select` is the control: the target prefills only the sentences the question-selected repair would
+            recompute (a share `blend` of the context tokens, in document order) and reads no stored KV at all.
         max_new_tokens: the longest answer, in tokens.
         on_text: called with each new piece of the answer as it is generated (streaming).
         recompute_layers: with a translated mode, the target recomputes its bottom this many layers over each
             chunk (a partial prefill, about this share of a native one) and only the layers above are
             translated (the injection depth; 0 = the translator's default).
         blend: the share of context tokens the target recomputes with attention across all retrieved chunks
-            (see `Placement`); 0 places the chunks exactly as stored or translated (fastest).
+            (see `Placement`); 0 places the chunks exactly as stored or translated (fastest). With `select`, the
+            share of the context tokens whose sentences the target reads.
         blend_select: which tokens the blend recomputes: `question` (the sentences most similar to the
             question) or `deviation` (CacheBlend's choice).
         device: where the target runs: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a GPU), `cpu`,
@@ -102,6 +104,9 @@ def ask(
         raise CagkitError("the question is empty; pass the question as the last argument")
     if max_new_tokens < 1:
         raise CagkitError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    placement = Placement(recompute_layers, blend, blend_select)
+    if mode == "select":
+        SelectedSentences.check(placement)
     opened = store if isinstance(store, Store) else Store.open(store)
     try:
         lm = load_model(model, device)
@@ -109,7 +114,7 @@ def ask(
         hits = retrieve(opened, question, top_k, retrieval)
         t1 = time.perf_counter()
         answer = answer_from_chunks(lm, opened, hits, question, mode, max_new_tokens, on_text, started=t0,
-                                    retrieved=t1, placement=Placement(recompute_layers, blend, blend_select))
+                                    retrieved=t1, placement=placement)
         answer.retrieval = retrieval
         return answer
     finally:
@@ -150,8 +155,7 @@ def answer_from_chunks(
         "tokens_per_s": decoded / gen.decode_s if decoded and gen.decode_s else 0.0,
     }
     sources = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in hits]
-    recorded = placement.settings() if mode != "native" else {}  # a native prefill places nothing
-    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens, recorded)
+    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens, context.placement)
 
 
 @dataclass
@@ -159,94 +163,75 @@ class ContextCache:
     """The target's cache holding the prompt up to the question, and the tokens still to prefill after it."""
 
     cache: DynamicCache
-    pending_ids: list[int]  # the question suffix; in native mode the whole prompt, prefilled in one pass
+    pending_ids: list[int]  # the question suffix; for a prompt source (native, select) the whole prompt
     context_tokens: int
-    loaded_at: float  # perf_counter time the chunks were loaded (native: tokenised)
-    translate_s: float  # translation plus the repair (recomputed bottom layers, blend); 0 in native mode
+    loaded_at: float  # perf_counter time the chunks were loaded (native: tokenised; select: selected and tokenised)
+    translate_s: float  # translation plus the repair (recomputed bottom layers, blend); 0 for a prompt source
     mode: str  # the mode used: "reuse" when the target is the store's source model
     repair_s: float = 0.0  # the repair's part of `translate_s`
+    placement: dict = field(default_factory=dict)  # the options that shaped it (`ContextSource.settings`)
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
                         placement: Placement = Placement()) -> ContextCache:
     """Bring the chunks of `hits` into `lm`'s cache for `question`, stopping before the question is prefilled.
 
-    The chunks are placed in document order, whatever their scores, so text that belongs together reads in order.
-    Native mode leaves the cache empty and the whole prompt pending, as a target without cagkit would read it.
-    `placement.recompute_layers` (translated modes only) replaces the bottom layers of each translated chunk with
-    the target's own partial prefill of the chunk; `placement.blend` then repairs cross-chunk attention (every
-    mode but native). Their time counts in `translate_s` (from the chunks' loading to the placed cache) and, apart,
-    in `repair_s`; `ask` prints the two parts as "translate" and "repair".
+    The context's source is chosen once (`cagkit.kv.context.context_source`). The chunks are placed in document
+    order, whatever their scores, so text that belongs together reads in order. A prompt source (native, select)
+    leaves the cache empty and the whole prompt pending, as a target without cagkit would read it. Otherwise the
+    steps are: load the chunks, their KV from the source (`translate_s` starts), the repair (`repair_s`: the
+    target's recomputed bottom layers, then `placement.blend`), and the placing; `ask` prints the two parts of
+    `translate_s` as "translate" and "repair".
     """
     placement.check(lm)
-    recompute_layers = placement.recompute_layers
+    source = context_source(mode, lm, store, placement)
     prefix_ids, suffix_ids = prompt_parts(lm, question)
     placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
-    if mode == "native":
-        chunk_text = "\n\n".join(h.text for h in placed)
-        context_ids = lm.tokenizer(chunk_text, add_special_tokens=False)["input_ids"]
+    if isinstance(source, PromptSource):
+        context_ids = source.context_ids(lm, placed, question)
         loaded_at = time.perf_counter()
-        cache = prefix_cache(lm.model, [])
-        return ContextCache(cache, prefix_ids + context_ids + suffix_ids, len(context_ids), loaded_at, 0.0, mode)
-    stored = [store.load_chunk(h.chunk_id) for h in placed]
+        return ContextCache(prefix_cache(lm.model, []), prefix_ids + context_ids + suffix_ids, len(context_ids),
+                            loaded_at, 0.0, source.mode, placement=source.settings(placement))
+    chunks = load_chunks(store, placed)
     loaded_at = time.perf_counter()
-    if mode == "oracle" or (recompute_layers == lm.num_layers and not _same_model(lm, store)):
-        # every layer the target's own: nothing to translate
-        ids = [lm.tokenizer(c.text, add_special_tokens=False)["input_ids"] for c in stored]
-        kvs = [chunk_alone_kv(lm, c.text) for c in stored]
-    else:
-        kvs, ids = _target_kv(lm, store, stored, mode)
+    kvs, ids = source.chunk_kv(lm, chunks)
     tables = RotaryTables(lm.model)
     synchronize(lm.device)
     translated_at = time.perf_counter()
-    if 0 < recompute_layers < lm.num_layers and mode != "oracle" and not _same_model(lm, store):
-        kvs = [_recompute_bottom(lm, c.text, kv, recompute_layers) for c, kv in zip(stored, kvs)]
-    if placement.blend:
-        priority = None
-        if placement.blend_select == "question":
-            offsets = [_token_offsets(lm, c, chunk_ids) for c, chunk_ids in zip(stored, ids)]
-            priority = question_priority(embed_query(question), _sentences(stored), offsets)
-        kvs = blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
+    kvs = repair(lm, source, chunks, kvs, ids, prefix_ids, question, placement, tables)
     synchronize(lm.device)
     repaired_at = time.perf_counter()
+    cache = place(lm, prefix_ids, kvs, tables)
+    return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, repaired_at - loaded_at,
+                        source.mode, repaired_at - translated_at, source.settings(placement))
+
+
+def load_chunks(store: Store, hits: list[Hit]) -> list[StoredChunk]:
+    """The stored chunks of `hits`, text and source KV, in the order given."""
+    return [store.load_chunk(h.chunk_id) for h in hits]
+
+
+def repair(lm: LoadedModel, source: PlacedSource, chunks: list[StoredChunk], kvs: list[ChunkKV],
+           ids: list[list[int]], prefix_ids: list[int], question: str, placement: Placement,
+           tables: RotaryTables) -> list[ChunkKV]:
+    """`kvs` (per chunk [L, T, H, D], `ids` its token ids) after the target's own work on them: the layers the
+    source leaves to it over each chunk alone (`PlacedSource.recompute`), then the cross-chunk blend of a share
+    `placement.blend` of the tokens, chosen by the question's sentences or by deviation."""
+    kvs = source.recompute(lm, chunks, kvs)
+    if not placement.blend:
+        return kvs
+    priority = None
+    if placement.blend_select == "question":
+        offsets = [_token_offsets(lm, c, chunk_ids) for c, chunk_ids in zip(chunks, ids)]
+        priority = question_order(question, [c.text for c in chunks], offsets, [c.sentences for c in chunks])
+    return blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
+
+
+def place(lm: LoadedModel, prefix_ids: list[int], kvs: list[ChunkKV], tables: RotaryTables) -> DynamicCache:
+    """`lm`'s cache of the prompt prefix `prefix_ids` prefilled, then the chunks `kvs` placed after it."""
     cache = prefix_cache(lm.model, prefix_ids)
     place_chunks(lm.model, cache, kvs, tables)
-    used = "reuse" if _same_model(lm, store) and mode != "oracle" else mode
-    return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, repaired_at - loaded_at, used,
-                        repaired_at - translated_at)
-
-
-def _recompute_bottom(lm: LoadedModel, text: str, translated: ChunkKV, layers: int) -> ChunkKV:
-    """`translated` with its bottom `layers` layers replaced by the target's own partial prefill of `text`."""
-    own = chunk_alone_kv(lm, text, layers)
-    if own.num_tokens != translated.num_tokens:
-        raise CagkitError(f"the target tokenised a chunk into {own.num_tokens} tokens, the translation has "
-                          f"{translated.num_tokens}; this is a bug, please report it")
-    return ChunkKV(torch.cat([own.keys, translated.keys[layers:].float()]),
-                   torch.cat([own.values, translated.values[layers:].float()]))
-
-
-_COMPUTED_SENTENCES: OrderedDict[str, tuple] = OrderedDict()  # chunk text -> (spans, embeddings), newest last
-_COMPUTED_SENTENCES_MAX = 4096
-
-
-def _sentences(chunks: list[StoredChunk]) -> list[tuple]:
-    """Each chunk's sentence spans and embeddings: as the store keeps them, else computed now (stores ingested
-    before cagkit kept them) and remembered for the next question in this process, which often retrieves the
-    same chunks: embedding their sentences costs about as much as the repair itself."""
-    missing = list(dict.fromkeys(c.text for c in chunks if c.sentences is None and c.text not in _COMPUTED_SENTENCES))
-    for text, found in zip(missing, embed_sentences(missing) if missing else []):
-        _COMPUTED_SENTENCES[text] = found
-    out = []
-    for c in chunks:
-        if c.sentences is not None:
-            out.append(c.sentences)
-        else:
-            _COMPUTED_SENTENCES.move_to_end(c.text)
-            out.append(_COMPUTED_SENTENCES[c.text])
-    while len(_COMPUTED_SENTENCES) > _COMPUTED_SENTENCES_MAX:
-        _COMPUTED_SENTENCES.popitem(last=False)
-    return out
+    return cache
 
 
 def _token_offsets(lm: LoadedModel, chunk: StoredChunk, ids: list[int]) -> torch.Tensor:
@@ -258,19 +243,3 @@ def _token_offsets(lm: LoadedModel, chunk: StoredChunk, ids: list[int]) -> torch
         raise CagkitError(f"{lm.name} tokenised a chunk of {chunk.doc_path} differently from its KV; this is a bug, "
                           "please report it")
     return torch.tensor(enc["offset_mapping"]).reshape(-1, 2)
-
-
-def _same_model(lm: LoadedModel, store: Store) -> bool:
-    return lm.fingerprint == store.settings.source_fingerprint
-
-
-def _target_kv(lm: LoadedModel, store: Store, chunks: list[StoredChunk], kind: str) -> tuple[list[ChunkKV], list[list[int]]]:
-    """The chunks' KV in the target's cache space and their target token ids: as stored for the source model,
-    else translated."""
-    if _same_model(lm, store):
-        return [c.kv for c in chunks], [list(c.token_ids) for c in chunks]
-    from cagkit.translate.translator import load_translator
-
-    translator = load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=kind)
-    pairs = translator.translate_many([(c.kv, c.token_ids, c.offsets, c.text) for c in chunks], lm)
-    return [kv for kv, _ in pairs], [list(ids) for _, ids in pairs]

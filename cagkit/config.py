@@ -13,9 +13,10 @@ from pathlib import Path
 from cagkit.errors import CagkitError
 
 ALIGN_MODES = ("cover", "overlap")  # cagkit.alignment: how a target token reads the source tokens
-ASK_MODES = ("mot", "native", "linear", "projector", "oracle")  # cagkit.ask: where the target's context KV comes from
-# cagkit.evaluation.runner: what `cagkit eval --methods` compares (none: no context; source: the source model answers)
-EVAL_METHODS = ("native", "none", "source", "linear", "projector", "mot", "oracle")
+ASK_MODES = ("mot", "native", "linear", "projector", "oracle", "select")  # cagkit.ask: where the target's context comes from
+# cagkit.evaluation.runner: what `cagkit eval --methods` compares (none: no context; source: the source model answers;
+# select: the target prefills only the question's sentences, the control for every method that reads stored KV)
+EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot", "oracle")
 TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translators
 EXPERT_INPUTS = ("trunk", "depth")  # cagkit.translators: what each MoT expert reads
 # cagkit.retrieval: how chunks are ranked for a question (hybrid: embedding and BM25 rankings fused)

@@ -6,7 +6,8 @@ import torch
 from cagkit.ingest.chunking import sentence_spans
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.prefill import prefill_kv
-from cagkit.kv.repair import JOINT_LAYERS, blend, question_priority
+from cagkit.kv.repair import JOINT_LAYERS, blend
+from cagkit.kv.selection import question_priority
 from tests.conftest import make_tiny_gemma3, make_tiny_llama
 
 

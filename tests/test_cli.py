@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from cagkit.ask import ask
-from cagkit.cli.app import main
+from cagkit.cli import main
 
 DOC = ("Cagkit keeps keys without rotary positions, so a stored chunk can be placed anywhere.\n\n"
        "The default source model is SmolLM2, the fastest of the three to prefill.")
@@ -70,7 +70,9 @@ def test_ask_times_the_repair_apart_within_the_placement(store, capsys, monkeypa
             return real(*args, **kwargs)
         return slow
 
-    monkeypatch.setattr(ask_module, "_target_kv", slowed(ask_module._target_kv))
+    context_module = importlib.import_module("cagkit.kv.context")
+    # the store's own model reads its KV as stored: that is the "translate" step here
+    monkeypatch.setattr(context_module.StoredKV, "chunk_kv", slowed(context_module.StoredKV.chunk_kv))
     monkeypatch.setattr(ask_module, "blend_chunks", slowed(ask_module.blend_chunks))
     base = ["ask", "Where can a chunk be placed?", "--store", str(store), "--model", "tiny-llama",
             "--max-new-tokens", "2"]
@@ -252,7 +254,7 @@ def test_translators_list_on_the_shipped_folder_has_every_pair(capsys):
 @pytest.mark.parametrize("flags, weights", [([], (1.0, 1.0, 1.0)), (["--ccl-weight", "0"], (1.0, 0.0, 0.0)),
                                              (["--kv-weight", "0", "--ccl-weight", "2"], (0.0, 2.0, 2.0))])
 def test_translators_train_passes_the_loss_weights(monkeypatch, tmp_path, flags, weights):
-    import cagkit.translate.train.training as training
+    import cagkit.translate.train as training
 
     seen = {}
     monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
@@ -263,7 +265,7 @@ def test_translators_train_passes_the_loss_weights(monkeypatch, tmp_path, flags,
 
 
 def test_translators_train_passes_the_prefix_length_and_seed(monkeypatch, tmp_path):
-    import cagkit.translate.train.training as training
+    import cagkit.translate.train as training
 
     seen = {}
     monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
@@ -278,7 +280,7 @@ def test_translators_train_passes_the_prefix_length_and_seed(monkeypatch, tmp_pa
                                        (["--qa", "q.json", "--qa-format", "squad", "--qa-fraction", "0.25"],
                                         ("q.json", "squad", 0.25, 0))])
 def test_translators_train_passes_the_question_answer_options(monkeypatch, tmp_path, flags, qa):
-    import cagkit.translate.train.training as training
+    import cagkit.translate.train as training
 
     seen = {}
     monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
@@ -296,7 +298,7 @@ def test_translators_train_passes_the_question_answer_options(monkeypatch, tmp_p
                                          (["--expert-inputs", "depth", "--window", "5"],
                                           {"expert_inputs": "depth", "window": 5})])
 def test_translators_train_passes_the_alignment_mode_and_token_window(monkeypatch, tmp_path, flag, sizes):
-    import cagkit.translate.train.training as training
+    import cagkit.translate.train as training
 
     seen = {}
 
@@ -313,10 +315,10 @@ def test_translators_train_passes_the_alignment_mode_and_token_window(monkeypatc
 def test_threads_come_from_the_flag_then_the_environment(monkeypatch, tmp_path, capsys):
     import torch
 
-    import cagkit.cli.app as cli
+    import cagkit.cli.ingest as ingest_command
 
     seen = []
-    monkeypatch.setattr(cli, "_cmd_ingest", lambda args: seen.append(torch.get_num_threads()) or 0)
+    monkeypatch.setattr(ingest_command, "run", lambda args: seen.append(torch.get_num_threads()) or 0)
     before = torch.get_num_threads()
     try:
         monkeypatch.delenv("CAGKIT_THREADS", raising=False)
@@ -342,7 +344,7 @@ def test_threads_come_from_the_flag_then_the_environment(monkeypatch, tmp_path, 
 def test_cli_keeps_freed_memory_unless_the_environment_sets_it(monkeypatch):
     import ctypes
 
-    from cagkit.cli import app as cli
+    import cagkit.cli as cli
 
     calls = []
 

@@ -14,7 +14,7 @@ import torch
 from conftest import make_tiny_gemma3, make_tiny_llama
 
 from cagkit.ask import build_context_cache
-from cagkit.cli.app import main
+from cagkit.cli import main
 from cagkit.config import Placement
 from cagkit.errors import ModelError
 from cagkit.ingest.chunking import chunk_text

@@ -171,7 +171,7 @@ def test_resume_computes_only_what_is_missing(data, tmp_path, monkeypatch):
 
 
 def test_eval_chunk_tokens_builds_its_own_store_and_results(data, tmp_path, monkeypatch):
-    from cagkit.cli.app import main
+    from cagkit.cli import main
 
     monkeypatch.setattr(runner, "RESULTS_DIR", tmp_path)
     argv = ["eval", "--data", str(data[0]), "--source", SOURCE, "--target", SOURCE, "--methods", "none,source",

@@ -473,8 +473,47 @@ def test_report_summary_is_the_papers_table():
                           "| 100% | 1.50x (linear) | +0.250 ")
 
 
+def test_report_pairs_every_method_against_select(tmp_path):
+    select = [1.0, 0.0, 0.0, 0.0] * 25  # 0.25
+    mot = [1.0, 1.0, 0.0, 0.0] * 25  # 0.5: +0.25 against select, one question in four
+    native = [0.0, 0.0, 0.0, 0.0] * 25  # -0.25: below select outside noise
+    run = _run_with_records(False, {"native": native, "none": [0.0] * 100, "mot": mot, "select": select,
+                                    "linear": [1.0] * 10})  # linear stopped after 10 questions
+    text = "\n".join(summary([run]))
+
+    def cell(differences: list[float]) -> str:
+        mean_, low, high = paired_bootstrap(differences)
+        return f"{mean_:+.3f} ({low:+.3f} to {high:+.3f})"
+
+    # select has its column in the paper's table, between the controls and the methods that read stored KV
+    assert "| pair | data | questions | native | none | select | linear | mot |" in text
+    assert "| 0.000 | 0.000 | 0.250 | 1.000 (10 q) | 0.500 |" in text
+    against = text[text.index("Against `select`"):]
+    assert "| pair | data | select | native − select | none − select | linear − select | mot − select |" in against
+    row = next(line for line in against.splitlines() if line.startswith("| smollm2"))
+    mot_cell, native_cell = cell([m - s for m, s in zip(mot, select)]), cell([-s for s in select])
+    assert row == (f"| smollm2 → gemma | dev.json | 0.250 | {native_cell} | {native_cell} "
+                   f"| {cell([1.0 - s for s in select[:10]])} | {mot_cell} |")  # linear over its 10 questions only
+    assert mot_cell.startswith("+0.250 (+0.1") and native_cell.startswith("-0.250 (-0.3")  # 25 of 100 differ by 1
+    assert native_cell.endswith(" to -0.170)")  # the whole interval below 0: select is better beyond noise
+
+    pytest.importorskip("matplotlib", reason="charts need the optional 'report' extra (matplotlib)")
+    path = tmp_path / "select.json"
+    path.write_text(json.dumps(run))
+    write_report([path], tmp_path / "R.md", tmp_path / "plots")
+    report = (tmp_path / "R.md").read_text()
+    # the run's own table: a column against select, a dash on select's own row
+    assert "| method | F1 | EM | − select (95% CI) | recovery vs native |" in report
+    assert f"| mot | 0.500 | 0.500 | {mot_cell} | — |" in report
+    assert "| select | 0.250 | 0.250 | — | — |" in report
+    assert report.index("| none |") < report.index("| select |") < report.index("| linear |")
+    # a run without select keeps its tables as they were
+    write_report(fake_results(tmp_path)[:1], tmp_path / "S.md", tmp_path / "plots")
+    assert "select" not in (tmp_path / "S.md").read_text()
+
+
 def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
-    from cagkit.cli.app import main
+    from cagkit.cli import main
 
     base = _run_with_records(False, {"mot": [0.5, 0.0] * 50, "native": [1.0, 0.0] * 50})
     base["settings"] = {"top_k": 1, "blend": 0.0}

@@ -277,11 +277,11 @@ def test_a_texts_embedding_does_not_depend_on_its_batch():
     assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
 
 
-def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_work(tiny_llama, docs, tmp_path,
-                                                                                  monkeypatch):
-    from safetensors.torch import load_file, save_file
+def test_ingest_keeps_sentence_embeddings_and_ask_embeds_them_where_a_chunk_lacks_them(tiny_llama, docs, tmp_path,
+                                                                                        monkeypatch):
+    import dataclasses
 
-    from cagkit.ask import _sentences
+    from cagkit.kv.selection import chunk_sentences
     from cagkit.retrieval.embeddings import embed
 
     store = tmp_path / "store"
@@ -289,44 +289,26 @@ def test_ingest_keeps_sentence_embeddings_and_older_files_without_them_still_wor
     with Store.open(store) as st:
         doc = st.document(str((docs / "bakery.txt").resolve()))
         chunk = st.load_chunk(st.chunk_ids(doc.path)[1])
-        spans, vectors = chunk.sentences
-        assert [chunk.text[a:b].strip() for a, b in spans.tolist()] == [
-            "Its oven was brought from Vienna in 1923 by the founder's grandson, a baker named Josef Weber."]
-        np_close = float(vectors[0] @ embed([chunk.text[spans[0, 0]:spans[0, 1]]])[0])
-        assert np_close > 0.999  # the stored vector is that sentence's embedding (fp16)
-        kv_file = st.path / "kv" / doc.kv_file
-    # A KV file written before sentences were kept: the chunk loads without them, and ask-time code embeds them.
-    tensors = {k: v for k, v in load_file(kv_file).items() if "sentence" not in k}
-    save_file(tensors, str(kv_file))
-    with Store.open(store) as st:
-        old = st.load_chunk(st.chunk_ids(doc.path)[1])
-        assert old.sentences is None and old.text == chunk.text
-        (spans2, vectors2), = _sentences([old])
-        assert spans2.tolist() == spans.tolist()
-        assert float(vectors2[0] @ vectors[0]) > 0.999
+    spans, vectors = chunk.sentences
+    assert [chunk.text[a:b].strip() for a, b in spans.tolist()] == [
+        "Its oven was brought from Vienna in 1923 by the founder's grandson, a baker named Josef Weber."]
+    np_close = float(vectors[0] @ embed([chunk.text[spans[0, 0]:spans[0, 1]]])[0])
+    assert np_close > 0.999  # the stored vector is that sentence's embedding (fp16)
+    # A chunk stored without sentences (a store written without the embedder): ask-time code embeds them ...
+    bare = dataclasses.replace(chunk, sentences=None)
+    (spans2, vectors2), = chunk_sentences([bare.text], [bare.sentences])
+    assert spans2.tolist() == spans.tolist()
+    assert float(vectors2[0] @ vectors[0]) > 0.999
     # ... and only once per process: the next question that retrieves the chunk reuses them
     calls = []
     with monkeypatch.context() as patch:
-        patch.setattr(importlib.import_module("cagkit.ask"), "embed_sentences", calls.append)
-        (spans3, _), = _sentences([old])
+        patch.setattr(importlib.import_module("cagkit.kv.selection"), "embed_sentences", calls.append)
+        (spans3, _), = chunk_sentences([bare.text], [bare.sentences])
     assert calls == [] and spans3.tolist() == spans.tolist()
-    # The next ingest adds them to the file without prefilling again, and keeps the KV as it was.
-    report = _ingest(docs, store)
-    assert report.upgraded == [doc.path] and report.tokens == 0 and doc.path in report.unchanged
-    upgraded = load_file(kv_file)
-    assert all(torch.equal(upgraded[k], v) for k, v in tensors.items())
-    with Store.open(store) as st:
-        again = st.load_chunk(st.chunk_ids(doc.path)[1])
-        assert again.sentences[0].tolist() == spans.tolist()
-        assert np.allclose(again.sentences[1], vectors, atol=1e-3)
-        assert st.has_sentences(st.document(doc.path))
-    assert _ingest(docs, store).upgraded == []
 
 
 def test_store_summary_and_remove(tiny_llama, docs, tmp_path, capsys):
-    from safetensors.torch import load_file, save_file
-
-    from cagkit.cli.app import main
+    from cagkit.cli import main
     from cagkit.ingest.pipeline import remove
 
     store = tmp_path / "store"
@@ -340,10 +322,7 @@ def test_store_summary_and_remove(tiny_llama, docs, tmp_path, capsys):
                                                                                     (lighthouse, 2, "ok")]
     assert info["per_document"][0]["kv_bytes"] == kv_file.stat().st_size
     assert info["tokens"] == sum(d["tokens"] for d in info["per_document"]) > 0
-    # a file from before sentence embeddings, then a damaged one: the summary says which needs re-ingesting
-    save_file({k: v for k, v in load_file(kv_file).items() if "sentence" not in k}, str(kv_file))
-    with Store.open(store) as st:
-        assert st.summary()["per_document"][0]["state"] == "no sentences"
+    # a damaged file: the summary says which needs re-ingesting
     kv_file.write_bytes(kv_file.read_bytes()[:100])
     capsys.readouterr()
     assert main(["store", "info", "--store", str(store)]) == 0

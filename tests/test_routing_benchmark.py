@@ -1,19 +1,13 @@
-"""The router ablations of benchmarks/routing.py on one small random MoT layer: each variant computes what it
-says, keeps the skip path, and the layer's own routing is back afterwards. No real models."""
+"""The router ablations of `lab.routing` (run by benchmarks/routing.py) on one small random MoT layer: each variant
+computes what it says, keeps the skip path, and the layer's own routing is back afterwards. No real models."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import pytest
 import torch
 
 from cagkit.translate.translator import LayerTranslator, TranslatorConfig
-
-_SPEC = importlib.util.spec_from_file_location("routing_benchmark",
-                                               Path(__file__).parents[1] / "benchmarks" / "routing.py")
-routing = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(routing)
+from lab import routing
 
 
 def _layer_and_input():
@@ -58,3 +52,11 @@ def test_each_variant_computes_what_it_says_and_the_routing_is_restored():
     assert torch.allclose(shuffled, expected, atol=1e-5) and not torch.allclose(shuffled, routed, atol=1e-3)
 
     assert torch.allclose(layer(x)[0], routed)  # the layer routes as trained again
+
+
+def test_an_unknown_variant_is_refused_and_the_routing_left_alone():
+    original = LayerTranslator.route
+    with pytest.raises(ValueError, match="unknown routing variant 'random'; use any of routed, shuffled"):
+        with routing.routing("random"):
+            pass
+    assert LayerTranslator.route is original

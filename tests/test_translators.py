@@ -9,40 +9,39 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 
 import pytest
 import torch
 from conftest import make_tiny_gemma3, make_tiny_llama
 
-from cagkit.translate.train import training
+from cagkit.config import TrainSettings
 from cagkit.errors import TranslatorError
 from cagkit.files import default_file_mode
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.place import place_chunks
-from cagkit.kv.prefill import prefill_kv, prefix_cache
+from cagkit.kv.prefill import prefill_kv, prefix_cache, sink_ids
 from cagkit.kv.rope import RotaryTables
 from cagkit.models.loading import LoadedModel, register_loaded
 from cagkit.translate.alignment import align
-from cagkit.translate.train.training import (
+from cagkit.translate.train import heldout, loop, score_translator, train_translator
+from cagkit.translate.train.data import (
     TrainingData,
-    TrainSettings,
-    _config_key,
-    attention_loss,
-    batch_losses,
-    context_correction,
-    evaluate_translator,
-    fit_ridge,
-    fit_statistics,
     generate_data,
-    prefix_attention,
     qa_continuation,
     qa_passages,
     recall_continuation,
-    score_translator,
-    sink_ids,
-    top_bins_kl,
-    train_translator,
 )
+from cagkit.translate.train.heldout import evaluate_translator
+from cagkit.translate.train.losses import (
+    attention_loss,
+    batch_losses,
+    context_correction,
+    prefix_attention,
+    top_bins_kl,
+)
+from cagkit.translate.train.loop import _config_key
+from cagkit.translate.train.ridge import fit_ridge, fit_statistics
 from cagkit.translate.translator import (
     LayerTranslator,
     Translator,
@@ -55,6 +54,7 @@ from cagkit.translate.translator import (
     token_features,
     translator_path,
 )
+from lab.heldout import diagnostics
 
 SIZES = {"width": 32, "expert_hidden": 16, "token_dim": 16}
 LINEAR_SIZES = {"token_dim": 16}  # a ridge map has no trunk or experts to size
@@ -310,6 +310,16 @@ def test_prefix_attention_is_the_targets_own_attention(pair, corpus, tmp_path):
     assert shifted.grad[..., cfg.target_kv_dim:].abs().sum() == 0  # values do not enter the attention
 
 
+def test_continuation_nll_and_kl_to_native():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]]))
+    assert heldout.nll(logp, [0, 1]) == pytest.approx(-(math.log(0.5) + math.log(0.8)) / 2)
+    assert heldout.kl_from_native(logp, logp) == pytest.approx(0.0, abs=1e-7)
+    uniform = torch.full((2, 3), -math.log(3))
+    expected = sum(float((p * (p.log() + math.log(3))).sum()) for p in logp.exp()) / 2
+    assert heldout.kl_from_native(logp, uniform) == pytest.approx(expected, rel=1e-5)
+    assert heldout.kl_from_native(logp, uniform) > 0
+
+
 def test_swapping_halves_scores_native_keys_and_native_values(pair, corpus, monkeypatch):
     """A translator that gets the keys exactly right and the values all zero: with native keys it scores what
     it scores alone, and with native values it scores what native does."""
@@ -324,7 +334,8 @@ def test_swapping_halves_scores_native_keys_and_native_values(pair, corpus, monk
         return ChunkKV(native.keys[:, len(sink):], torch.zeros_like(native.values[:, len(sink):])), ids
 
     monkeypatch.setattr(translator, "translate", keys_only)
-    scores = evaluate_translator(translator, source, target, corpus, tiny_settings(), swap_halves=True)
+    scores = evaluate_translator(translator, source, target, corpus, tiny_settings(),
+                                 variants=diagnostics(target, swap_halves=True))
     for task in (scores, scores["recall"]):
         nll = task["nll"]
         assert nll["native_keys"] == pytest.approx(nll["translated"], abs=1e-5)
@@ -339,14 +350,16 @@ def test_native_layer_sets_take_exactly_those_layers_from_the_native_prefill(pai
     translator = _rounded_translator(pair, "mot")
     every = tuple(range(target.num_layers))
     sets = {"all": every, "none_native": (), "last_translated": every[:-1]}
-    scores = evaluate_translator(translator, source, target, corpus, tiny_settings(), native_layer_sets=sets)
+    scores = evaluate_translator(translator, source, target, corpus, tiny_settings(),
+                                 variants=diagnostics(target, native_layer_sets=sets))
     for task in (scores, scores["recall"]):
         nll, kl = task["nll"], task["kl_to_native"]
         assert nll["all"] == pytest.approx(nll["native"], abs=1e-5) and kl["all"] == pytest.approx(0.0, abs=1e-5)
         assert nll["none_native"] == pytest.approx(nll["translated"], abs=1e-5)
         assert 0 < kl["last_translated"] < kl["translated"]
     with pytest.raises(ValueError, match="layer 99"):
-        evaluate_translator(translator, source, target, corpus, tiny_settings(), native_layer_sets={"x": (99,)})
+        evaluate_translator(translator, source, target, corpus, tiny_settings(),
+                            variants=diagnostics(target, native_layer_sets={"x": (99,)}))
 
 
 def test_repaired_contexts_run_from_the_translation_to_a_full_prefill(pair, corpus):
@@ -354,7 +367,8 @@ def test_repaired_contexts_run_from_the_translation_to_a_full_prefill(pair, corp
     scores what native scores; a partial repair of an untrained translator lies between it and native."""
     source, target = pair
     translator = _rounded_translator(pair, "mot")
-    scores = evaluate_translator(translator, source, target, corpus, tiny_settings(), repair_ratios=(0.5, 1.0))
+    scores = evaluate_translator(translator, source, target, corpus, tiny_settings(),
+                                 variants=diagnostics(target, repair_ratios=(0.5, 1.0)))
     for task in (scores, scores["recall"]):
         nll, kl = task["nll"], task["kl_to_native"]
         assert nll["repaired_1"] == pytest.approx(nll["native"], abs=1e-4)
@@ -558,7 +572,7 @@ def test_a_corpus_without_heldout_or_training_text_is_refused_before_any_model_l
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded for a corpus that cannot be trained on")
 
-    monkeypatch.setattr(training, "load_model", no_loading)
+    monkeypatch.setattr(loop, "load_model", no_loading)
     train_only, heldout_only = tmp_path / "train-only", tmp_path / "heldout-only"
     (train_only / "books").mkdir(parents=True)
     (train_only / "books" / "a.txt").write_text("Some text to train on.\n")
@@ -574,7 +588,7 @@ def test_a_corpus_without_heldout_or_training_text_is_refused_before_any_model_l
 
 def test_sizes_a_kind_ignores_are_refused_before_any_model_loads(corpus, tmp_path, monkeypatch):
     """`--kind linear --width 320` used to train a plain ridge map after the data was built, and say nothing."""
-    monkeypatch.setattr(training, "load_model", lambda *a, **k: pytest.fail("a model was loaded for bad sizes"))
+    monkeypatch.setattr(loop, "load_model", lambda *a, **k: pytest.fail("a model was loaded for bad sizes"))
     for kind, sizes, message in (("linear", SIZES, "--width, --expert-hidden would change nothing"),
                                  ("projector", {"num_experts": 2}, "for --kind mot")):
         with pytest.raises(TranslatorError, match=message):
@@ -625,7 +639,7 @@ def test_overlap_alignment_trains_on_its_own_data_and_is_recorded(pair, corpus, 
 
 
 def test_score_rescores_an_old_card_without_touching_the_weights(pair, corpus, tmp_path, capsys):
-    from cagkit.cli.app import main
+    from cagkit.cli import main
 
     path = train_translator("tiny-src", "tiny-tgt", corpus, kind="linear", settings=tiny_settings(sizes=LINEAR_SIZES),
                             out=tmp_path / "t.safetensors", work_dir=tmp_path, log=lambda m: None)
@@ -657,8 +671,8 @@ def _refuse_fitting(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("fitted again although the weights were given")
 
-    monkeypatch.setattr(training, "fit_statistics", refuse)
-    monkeypatch.setattr(training, "fit_ridge", refuse)
+    monkeypatch.setattr(loop, "fit_statistics", refuse)
+    monkeypatch.setattr(loop, "fit_ridge", refuse)
 
 
 def test_training_resumes_where_it_stopped(pair, corpus, tmp_path, monkeypatch):

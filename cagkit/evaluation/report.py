@@ -9,7 +9,7 @@ Results JSON contract (one file per dataset and source -> target pair, written b
                   "max_new_tokens": 24, "chunk_tokens": 256},
      "command": "cagkit eval --data ...",            # the exact command, to reproduce the file
      "device": "cpu",                                # where the models ran (files before 2026-11-30: absent)
-     "methods": {"native": {...}, "none": {...}, "source": {...},
+     "methods": {"native": {...}, "none": {...}, "select": {...}, "source": {...},
                  "linear": {...}, "projector": {...}, "mot": {...}, "oracle": {...}}}
 
 Each method (any may be missing) maps to:
@@ -29,13 +29,17 @@ Each method (any may be missing) maps to:
     "examples"             [{"id", "prediction", "ttft_ms", "f1", "exact_match"} or
                             {"id", "prediction", "ttft_ms", "correct": bool}]
 
-Any number may be null (shown as a dash). The per-run tables ignore "examples"; the summary reads them for its
-paired intervals.
+Any number may be null (shown as a dash). The paired intervals read "examples"; the rest of the tables do not.
 
 The summary is the paper's table: one row per results file, one table per metric family (closed-set accuracy,
 F1), with MoT's recovery against native, its ratio to the strongest single-path baseline (the better of linear
 and projector in that file), and two paired bootstrap intervals over the questions both methods answered: MoT −
 that baseline, and native − none (whether the context is worth anything to the target on that set at all).
+
+`select` is the control a method that reads stored KV has to beat: the target prefills natively only the
+question's sentences of the retrieved chunks, the ones the repair would recompute, and reads no stored KV. When a
+run has it, the summary adds a table of every method's paired difference against it, and the run's own table a
+column of the same.
 """
 
 import json
@@ -51,7 +55,9 @@ from cagkit.evaluation.metrics import paired_bootstrap
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-METHOD_ORDER = ("native", "none", "source", "linear", "projector", "mot", "oracle")
+# the order a table reads in: the controls that read no stored KV, then the methods that do, then the diagnostic
+METHOD_ORDER = ("native", "none", "select", "source", "linear", "projector", "mot", "oracle")
+CONTROL = "select"  # every method's paired difference is taken against it
 _REQUIRED_KEYS = ("dataset", "source", "target", "command", "methods")
 _BAR_CHART = "quality_by_method.png"
 _SCATTER = "quality_vs_ttft.png"
@@ -189,7 +195,28 @@ def summary(runs: list[dict]) -> list[str]:
             ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += _against_control(group, closed_set)
     return lines
+
+
+def _against_control(runs: list[dict], closed_set: bool) -> list[str]:
+    """Markdown for one table of paired differences against `select`: a row per run that has it, a column per other
+    method; nothing when no run has it."""
+    runs = [run for run in runs if CONTROL in run["methods"]]
+    methods = [m for m in _method_order(runs) if m != CONTROL]
+    if not runs or not methods:
+        return []
+    lines = [f"Against `{CONTROL}` (the target prefilling only the question's sentences, no stored KV): each "
+             "method − select, paired over the questions both answered, with its 95% bootstrap interval: a method beats "
+             "select beyond noise only where the whole interval is above 0.", ""]
+    header = ["pair", "data", f"{CONTROL}", *(f"{m} − {CONTROL}" for m in methods)]
+    lines += ["| " + " | ".join(header) + " |", "|---|---" + "|---:" * (len(header) - 2) + "|"]
+    for run in runs:
+        cells = [f"{run['source']} → {run['target']}", _data_label(run),
+                 _fmt(_quality(run["methods"][CONTROL], closed_set), ".3f"),
+                 *(_interval(run, m, CONTROL, closed_set) if m in run["methods"] else _DASH for m in methods)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _interval(run: dict, a: str | None, b: str | None, closed_set: bool) -> str:
@@ -277,8 +304,9 @@ def _parse_spec(spec: str) -> tuple[Path, str]:
 def _section(run: dict) -> list[str]:
     closed_set = _is_closed_set(run)
     quality_columns = ["accuracy"] if closed_set else ["F1", "EM"]
-    header = ["method", *quality_columns, "recovery vs native", "median TTFT ms",
-              "median translate + repair ms", "KV bytes / context token", "n"]
+    against = CONTROL in run["methods"]
+    header = ["method", *quality_columns, *([f"− {CONTROL} (95% CI)"] if against else []), "recovery vs native",
+              "median TTFT ms", "median translate + repair ms", "KV bytes / context token", "n"]
     lines = [f"## {_label(run)}", ""]
     if run.get("settings"):
         inert = Placement.from_settings(run["settings"]).inert_fields()
@@ -289,7 +317,8 @@ def _section(run: dict) -> list[str]:
         lines += [f"Settings: {settings}", ""]
     lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for method in _method_order([run]):
-        lines.append("| " + " | ".join([method, *_row(run["methods"][method], closed_set)]) + " |")
+        difference = [_interval(run, method, CONTROL, closed_set) if method != CONTROL else _DASH] if against else []
+        lines.append("| " + " | ".join([method, *_row(run["methods"][method], closed_set, difference)]) + " |")
     return lines + ["", "Reproduce with:", "", "```", reproduce_command(run), "```", ""]
 
 
@@ -303,11 +332,13 @@ def reproduce_command(run: dict) -> str:
     return shlex.join(parts[:at] + missing + parts[at:])
 
 
-def _row(scores: dict, closed_set: bool) -> list[str]:
+def _row(scores: dict, closed_set: bool, difference: list[str]) -> list[str]:
+    """A method's cells in its run's table; `difference` is its cell against `select`, or nothing."""
     quality = [_fmt(scores.get("accuracy"), ".3f")] if closed_set else [
         _fmt(scores.get("f1"), ".3f"), _fmt(scores.get("exact_match"), ".3f")]
     return [
         *quality,
+        *difference,
         _fmt(scores.get("recovery"), ".0%"),
         _fmt(scores.get("ttft_ms_median"), ",.0f"),
         _fmt(scores.get("translate_ms_median"), ",.1f"),

@@ -6,6 +6,9 @@ reused across runs). Each question is then answered from the chunks of its own d
 
     native     the target prefills the context text (the reference)
     none       the target with no context
+    select     the target prefills only the sentences the question-selected repair would recompute (`--blend R` of
+               the context tokens, whole sentences, in document order) and reads no stored KV: the control that
+               every method reading stored KV must beat (needs `--blend` above 0 and `--blend-select question`)
     source     the source model answering from its own stored cache (reuse)
     linear     the target from the stored KV translated by one ridge map per layer
     projector  the same with one MLP projector per layer
@@ -52,6 +55,7 @@ from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest.chunking import check_chunk_tokens
+from cagkit.kv.context import SelectedSentences
 from cagkit.ingest.pipeline import ingest
 from cagkit.models.device import model_device, synchronize
 from cagkit.models.loading import LoadedModel, load_model
@@ -61,6 +65,7 @@ from cagkit.store.store import Hit, Store
 from cagkit.translate.cards import translator_path
 
 TRANSLATED = ("linear", "projector", "mot")
+TARGET_NATIVE = ("native", "none", "oracle", "select")  # methods whose KV the target computes itself
 RESULTS_DIR = Path("results")
 # Settings that may differ between a run and the file it resumes: more questions, or another copy of the store.
 _RESUMABLE_CHANGES = ("limit", "store")
@@ -91,7 +96,7 @@ def run_eval(
         data: a data set file in one of `cagkit.evaluation.datasets.FORMATS`.
         source: the model that prefills the documents into the store.
         target: the model that answers (every method but `source`).
-        methods: any of native, none, source, linear, projector, mot, oracle.
+        methods: any of native, none, select, source, linear, projector, mot, oracle.
         limit: the first `limit` questions only (all if None).
         top_k: chunks retrieved per question, from that question's own documents.
         full_context: give every method all chunks of the question's documents instead of retrieving.
@@ -101,8 +106,9 @@ def run_eval(
         store: the store to ingest into (default `results/stores/<data stem>-<source>`).
         chunk_tokens: the most source tokens per chunk, for a new store.
         recompute_layers: translated methods get the target's own bottom this many layers (`cagkit.ask`).
-        blend: every method that places chunks (all but native and none) has this share of the context
-            tokens recomputed across chunks (`cagkit.blend`); 0 places them as stored.
+        blend: every method that places chunks (all but native, none and select) has this share of the context
+            tokens recomputed across chunks (`cagkit.kv.repair`); 0 places them as stored. `select` prefills the
+            sentences of this share of the context tokens (and is skipped, with the reason recorded, at 0).
         blend_select: which tokens the blend recomputes (`Placement.blend_select`).
         device: where both models run (`cagkit.models.resolve_device`); recorded in the results as `device`.
             A run may be resumed on another device, but its time-to-first-token figures then mix the two.
@@ -126,7 +132,7 @@ def run_eval(
     store_path = Path(store) if store is not None else RESULTS_DIR / "stores" / f"{stem}-{_slug(source)}{size}"
     out = Path(out) if out is not None else RESULTS_DIR / f"{stem}-{_slug(source)}-{_slug(target)}{size}.json"
 
-    doc_paths = write_documents(examples, _documents_dir(store_path))
+    doc_paths = write_documents(examples, documents_dir(store_path))
     documents = sorted({p for paths in doc_paths for p in paths})
     _log(f"ingesting {len(documents)} documents with {source} into {store_path}")
     # runs over the same data share its store: one started while another ingests waits for it
@@ -154,9 +160,9 @@ def run_eval(
         models = {m: source_lm if m == "source" else target_lm for m in methods}
         stored_bytes = KV_DTYPES[st.settings.dtype]
         about = {m: {"model": models[m].name,
-                     "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in ("native", "none", "oracle")
+                     "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in TARGET_NATIVE
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
-        errors = {m: e for m in methods if (e := _translator_problem(m, models[m], st))}
+        errors = {m: e for m in methods if (e := _method_problem(m, models[m], st, placement))}
         for m, message in errors.items():
             _log(f"{m}: skipped: {message}")
         active = [m for m in methods if m not in errors]
@@ -368,13 +374,18 @@ def _mode(method: str) -> str:
     """The `answer_from_chunks` mode of a method: the source reuses its own cache through the `mot` path."""
     if method in ("native", "none"):
         return "native"
-    if method == "oracle":
-        return "oracle"
     return "mot" if method == "source" else method
 
 
-def _translator_problem(method: str, lm: LoadedModel, store: Store) -> str | None:
-    """Why a translated method cannot run (its translator is missing), or None."""
+def _method_problem(method: str, lm: LoadedModel, store: Store, placement: Placement) -> str | None:
+    """Why a method cannot run (a translated method's translator is missing; `select` cannot choose sentences
+    under `placement`), or None."""
+    if method == "select":
+        try:
+            SelectedSentences.check(placement)
+        except CagkitError as exc:
+            return str(exc)
+        return None
     if method not in TRANSLATED or lm.fingerprint == store.settings.source_fingerprint:
         return None
     try:
@@ -429,7 +440,7 @@ def write_json_atomic(path: Path, results: dict) -> None:
     os.replace(tmp, path)
 
 
-def _documents_dir(store: Path) -> Path:
+def documents_dir(store: Path) -> Path:
     """Where the documents' text files live: beside the store, whose entries are keyed by their paths."""
     return store.with_name(store.name + "-documents")
 

@@ -19,7 +19,7 @@ from cagkit.ingest.documents import find_documents, read_document
 from cagkit.kv.prefill import prefill_kv_batch
 from cagkit.kv.rope import RotaryTables
 from cagkit.models.loading import load_model
-from cagkit.retrieval.embeddings import EMBEDDER_NAME, embed_sentences, embed_with_sentences
+from cagkit.retrieval.embeddings import EMBEDDER_NAME, embed_with_sentences
 from cagkit.store.store import NewChunk, Store, StoreSettings, check_dtype
 
 
@@ -31,8 +31,7 @@ class IngestReport:
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    # unchanged documents whose KV files lacked sentence embeddings (written by an older cagkit), now added
-    upgraded: list[str] = field(default_factory=list)
+    upgraded: list[str] = field(default_factory=list)  # documents whose KV files the store's migrations rewrote
     failed: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
     chunks: int = 0
     tokens: int = 0
@@ -156,15 +155,13 @@ def _ingest_documents(
     started = time.perf_counter()
     tables = RotaryTables(lm.model)
     with Store.open_for_writing(store, settings, wait=wait) as st:
+        report.upgraded = st.upgraded
         todo = []
         for key, text, metadata in docs:
             sha = hashlib.sha256(text.encode()).hexdigest()
             old = st.document(key)
             if old is not None and old.sha256 == sha and old.metadata == (metadata or {}) and st.is_intact(old):
                 report.unchanged.append(key)
-                if not st.has_sentences(old):  # no prefill needed: embed the sentences the repair selects by
-                    st.add_sentences(old, embed_sentences(st.chunk_texts(old)))
-                    report.upgraded.append(key)
                 continue
             todo.append((key, text, sha, metadata, old is not None))
         bar = _progress_bar(todo, lm, progress)

@@ -44,6 +44,7 @@ from llama_index.core.schema import (
 from llama_index.core.settings import Settings
 
 from cagkit.ask import MODES, Answer, Placement, answer_from_chunks
+from cagkit.kv.context import SelectedSentences
 from cagkit.config import DEFAULT_MODEL, DEFAULT_RETRIEVAL, DEFAULT_STORE, DEFAULT_TOP_K
 from cagkit.errors import CagkitError
 from cagkit.ingest.pipeline import IngestReport, ingest_texts
@@ -119,7 +120,8 @@ class CAGQueryEngine(BaseQueryEngine):
         retriever: gives the nodes; any retriever whose nodes come from the cagkit store (a CAGRetriever, or one
             that combines CAGRetrievers).
         model: the target model (alias, Hugging Face id or model directory).
-        mode: how the target gets the chunks' KV: `mot`, `linear`, `projector` or `native`, as for `cagkit.ask`.
+        mode: where the target's context comes from: `mot`, `linear`, `projector`, `native`, `oracle` or `select`
+            (only the question's sentences, prefilled natively: no stored KV read), as for `cagkit.ask`.
         max_new_tokens: the longest answer, in tokens.
         streaming: `query` returns a StreamingResponse whose `response_gen` yields the answer as it is generated
             (`aquery`: an AsyncStreamingResponse).
@@ -162,6 +164,8 @@ class CAGQueryEngine(BaseQueryEngine):
         self.mode = mode
         self.placement = placement or Placement()
         self.placement.check(self.lm)
+        if mode == "select":
+            SelectedSentences.check(self.placement)
         self.max_new_tokens = max_new_tokens
         self.streaming = streaming
         self._retriever = retriever

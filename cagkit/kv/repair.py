@@ -9,7 +9,7 @@ the same text gives (cagkit's `oracle` method measures that loss). `blend` repai
    layers of every token are replaced by the joint, exact KV;
 2. a `ratio` share of the context's tokens is selected: those whose layer-1 KV deviates most between the joint
    prefill and the placed cache (CacheBlend's choice), or those of a given `priority` order, such as
-   `question_priority` (whole sentences, the ones most similar to the question first);
+   `cagkit.kv.selection.question_priority` (whole sentences, the ones most similar to the question first);
 3. the target recomputes the selected tokens through every layer in one forward pass, attending to the placed
    KV of the others and to each other's new KV (their stale entries left out), and their KV is replaced at
    every layer.
@@ -28,6 +28,7 @@ from transformers import DynamicCache
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.prefill import prefill_kv
 from cagkit.kv.rope import RotaryTables, apply_rope, remove_rope
+from cagkit.kv.selection import top_tokens
 from cagkit.models.architecture import decoder_stack, layer_types
 from cagkit.models.device import model_device
 
@@ -41,7 +42,7 @@ def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[l
     whole context, and their bottom layers prefilled jointly. `chunk_ids`: each chunk's token ids in `model`'s
     vocabulary, one per KV position. ratio 0 returns `chunks` unchanged; ratio 1 equals a joint prefill.
     `priority` ([total tokens], higher first) replaces the layer-1 deviation as the selection order, e.g.
-    `question_priority`."""
+    `cagkit.kv.selection.question_priority`; either way `cagkit.kv.selection.budget` says how many are taken."""
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"the blend ratio must be between 0 and 1, got {ratio}")
     if ratio == 0.0 or not chunks:
@@ -67,9 +68,8 @@ def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[l
 
     if priority is not None and priority.shape != (total,):
         raise ValueError(f"priority has shape {tuple(priority.shape)}, expected ({total},): one per context token")
-    count = max(1, round(ratio * total))
     order = deviation if priority is None else priority.to(device)  # own precision: ties are broken by tiny steps
-    chosen = torch.topk(order, count).indices.sort().values  # chunk-relative indices
+    chosen = top_tokens(order, ratio)  # chunk-relative indices
     if joint_layers < num_layers:
         new_k, new_v = _recompute(model, ids, start, ChunkKV(keys, values), chosen, tables)
         keys[joint_layers:, chosen] = new_k[joint_layers:]
@@ -129,26 +129,3 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
-
-
-def question_priority(question_vector, sentences: list[tuple], offsets: list[torch.Tensor]) -> torch.Tensor:
-    """Per context token, how relevant its sentence is to the question: the selection order for `blend` that
-    recomputes whole sentences, most similar first, instead of the tokens the layer-1 deviation picks.
-
-    question_vector: the question's unit embedding [E]; sentences: per chunk, its sentence character spans
-    [S, 2] and unit embeddings [S, E] (`cagkit.embeddings.embed_sentences`, or as the store keeps them);
-    offsets: per chunk, the [T, 2] character spans of its KV positions' tokens; a token belongs to the sentence
-    holding its last character (so " The" opens its sentence). Tokens in no sentence (whitespace between them)
-    come last; within a sentence earlier tokens come first, so a sentence cut by the budget keeps its start.
-    """
-    query = torch.tensor(question_vector, dtype=torch.float64)  # a copy: the vector may be read-only
-    out = []
-    for (spans, vectors), token_spans in zip(sentences, offsets, strict=True):
-        last_chars = torch.as_tensor(token_spans, dtype=torch.long).reshape(-1, 2)[:, 1] - 1
-        priority = torch.full((len(last_chars),), -2.0, dtype=torch.float64)
-        scores = torch.as_tensor(vectors, dtype=torch.float64) @ query  # [S]
-        for score, (lo, hi) in zip(scores, torch.as_tensor(spans).tolist()):
-            priority[(last_chars >= lo) & (last_chars < hi)] = score
-        # the step is far below any score difference that matters
-        out.append(priority - 1e-6 * torch.arange(len(priority), dtype=torch.float64) / max(len(priority), 1))
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)

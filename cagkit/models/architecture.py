@@ -18,6 +18,11 @@ def sliding_window(config, layer: int) -> int | None:
     return None
 
 
+def context_length(config) -> int | None:
+    """The most positions the model reads (prompt and answer together), None when its config does not say."""
+    return getattr(config, "max_position_embeddings", None)
+
+
 def decoder_stack(model):
     """The model's decoder (embeddings, layers, rotary module) without the LM head."""
     return model.get_decoder() if hasattr(model, "get_decoder") else model.model

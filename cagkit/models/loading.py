@@ -142,6 +142,12 @@ def load_model(name: str, device: str | None = None) -> LoadedModel:
     return loaded
 
 
+def unload_model(name: str, device: str | None = None) -> None:
+    """Forget the model `load_model(name, device)` keeps, so that its memory is freed once no caller holds it
+    (`cagkit serve` keeps at most --max-loaded models). Registered models stay; an unknown name is a no-op."""
+    _LOADED.pop((name, str(resolve_device(device))), None)
+
+
 def register_loaded(name: str, loaded: LoadedModel) -> None:
     """Make an in-memory model loadable by `name` (tests use tiny random models this way)."""
     _REGISTERED[name] = loaded

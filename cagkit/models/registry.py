@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cagkit.errors import ModelError
-from cagkit.files import default_file_mode
+from cagkit.files import atomic_write
 
 
 @dataclass(frozen=True)
@@ -146,16 +146,11 @@ def convert(alias: str) -> Path:
         # The weights are de-quantised to fp32 already; dropping the GGUF quantiser lets them be saved.
         model.hf_quantizer = None
         model.config.__dict__.pop("quantization_config", None)
-        out = work / "model"
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        info = {"alias": alias, "gguf_sha256": spec.sha256, "fingerprint": fingerprint(model)}
-        (out / "cagkit-model.json").write_text(json.dumps(info, indent=2))
-        for weights in out.glob("*.safetensors"):  # written owner-only; readable like the rest of the folder
-            os.chmod(weights, default_file_mode())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(out, final)
+        with atomic_write(final) as out:
+            model.save_pretrained(out)
+            tokenizer.save_pretrained(out)
+            info = {"alias": alias, "gguf_sha256": spec.sha256, "fingerprint": fingerprint(model)}
+            (out / "cagkit-model.json").write_text(json.dumps(info, indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final

@@ -6,8 +6,10 @@ Layout of a store directory:
                         documents (path, content hash, KV file, metadata) and chunks (text, offsets, embedding)
     kv/<hash>.safetensors   per chunk i: `{i}.keys`, `{i}.values` [L, T, H, D] RoPE-free,
                         `{i}.token_ids` [T] int32, `{i}.offsets` [T, 2] int32 (char spans in the chunk text),
-                        and (stores written since sentence embeddings were added) `{i}.sentences` [S, 2] int32
-                        char spans of the chunk's sentences with `{i}.sentence_embeddings` [S, E] float16
+                        `{i}.sentences` [S, 2] int32 char spans of the chunk's sentences with
+                        `{i}.sentence_embeddings` [S, E] float16 (absent only where written without an embedder)
+
+The format changes by numbered migrations (`cagkit.store.migrations`), applied when a store is opened.
 
 Writes are crash-safe: a document's KV file is written under a temporary name and renamed into place, and only
 then is it recorded in the manifest, in one transaction. An interrupted ingest leaves the manifest pointing at
@@ -31,6 +33,7 @@ from safetensors import safe_open
 from cagkit.config import KV_DTYPES
 from cagkit.errors import StoreError
 from cagkit.files import save_safetensors
+from cagkit.store import migrations
 
 if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit store info` starts at once
     import torch
@@ -38,20 +41,7 @@ if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit
     from cagkit.kv.chunk import ChunkKV
 
 FORMAT_VERSION = 1
-_CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences are optional
-_SENTENCE_TENSORS = ("sentences", "sentence_embeddings")  # optional: files before they were kept lack them
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS documents (
-    id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL, sha256 TEXT NOT NULL, kv_file TEXT NOT NULL,
-    n_chunks INTEGER NOT NULL, n_tokens INTEGER NOT NULL, ingested_at REAL NOT NULL, metadata TEXT);
-CREATE TABLE IF NOT EXISTS chunks (
-    id INTEGER PRIMARY KEY, doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
-    idx INTEGER NOT NULL, text TEXT NOT NULL, char_start INTEGER NOT NULL, char_end INTEGER NOT NULL,
-    n_tokens INTEGER NOT NULL, embedding BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
-"""
+_CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences need an embedder
 
 
 @dataclass(frozen=True)
@@ -111,7 +101,7 @@ class StoredChunk:
     token_ids: list[int]
     offsets: torch.Tensor  # [T, 2] char spans of each source token in `text`
     kv: ChunkKV
-    # its sentences' char spans [S, 2] and unit embeddings [S, E]; None in files written before they were kept
+    # its sentences' char spans [S, 2] and unit embeddings [S, E]; None in a store written without an embedder
     sentences: tuple[np.ndarray, np.ndarray] | None = None
 
 
@@ -137,6 +127,7 @@ class Store:
         self.settings = settings
         self._index: _SearchIndex | None = None  # what search ranks, read from the manifest on first use
         self._lock = None  # held while open for writing, so two ingests never interleave
+        self.upgraded: list[str] = []  # documents whose KV files migrations rewrote as this opened the store
 
     # -- opening -------------------------------------------------------------------------------------------
 
@@ -148,6 +139,7 @@ class Store:
         if not manifest.exists():
             raise StoreError(f"no cagkit store at {path} (no manifest.sqlite); create one with `cagkit ingest DOCS --store {path}`")
         conn = _connect(manifest)
+        _migrate_for_reading(path, conn)
         settings = _read_settings(conn, manifest)
         if settings is None:
             raise StoreError(f"store {path} has no settings yet (an ingest is creating it, or was interrupted before its first document); run `cagkit ingest DOCS --store {path}`")
@@ -162,6 +154,7 @@ class Store:
         lock = _lock_for_writing(path, wait)
         manifest = path / "manifest.sqlite"
         conn = _connect(manifest)
+        upgraded = migrations.apply(conn, path)
         existing = _read_settings(conn, manifest)
         if existing is None:
             with conn:
@@ -173,6 +166,7 @@ class Store:
             _check_compatible(path, existing, settings)
         store = cls(path, conn, existing or settings)
         store._lock = lock
+        store.upgraded = upgraded
         store._remove_strays()
         return store
 
@@ -205,9 +199,9 @@ class Store:
         return self._conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
 
     def is_intact(self, doc: Document) -> bool:
-        """True when the document's KV file opens and holds every chunk the manifest lists (the sentence tensors
-        are optional: files written before they were kept are intact without them)."""
-        return _holds(self._kv_names(doc), doc, _CHUNK_TENSORS)
+        """True when the document's KV file opens and holds every chunk the manifest lists."""
+        names = self._kv_names(doc)
+        return names is not None and all(f"{i}.{t}" in names for i in range(doc.n_chunks) for t in _CHUNK_TENSORS)
 
     def _kv_names(self, doc: Document) -> set[str] | None:
         """The tensor names in `doc`'s KV file, or None when it does not open (any failure to parse means the
@@ -235,7 +229,7 @@ class Store:
             tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)  # [T]
             tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)  # [T, 2]
             if c.sentences is not None:
-                tensors.update(_sentence_tensors(i, c.sentences))
+                tensors.update(migrations.sentence_tensors(i, c.sentences))
         kv_file = f"{sha256[:24]}.safetensors"
         final = self.path / "kv" / kv_file
         meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": self.settings.source_fingerprint,
@@ -264,28 +258,6 @@ class Store:
             (self.path / "kv" / old.kv_file).unlink(missing_ok=True)
         self._index = None
 
-    def has_sentences(self, doc: Document) -> bool:
-        """True when every chunk of `doc` has its sentence spans and embeddings in its KV file."""
-        return _holds(self._kv_names(doc), doc, _SENTENCE_TENSORS)
-
-    def chunk_texts(self, doc: Document) -> list[str]:
-        """The texts of `doc`'s chunks, in document order (from the manifest; no KV is read)."""
-        return [r[0] for r in self._conn.execute("SELECT text FROM chunks WHERE doc_id = ? ORDER BY idx", (doc.id,))]
-
-    def add_sentences(self, doc: Document, sentences: list[tuple]) -> None:
-        """Rewrite `doc`'s KV file with each chunk's sentence spans [S, 2] and embeddings [S, E] added: the
-        upgrade of a file written before cagkit kept them. Atomic like `write_document` (the file is replaced
-        by rename); the KV and the manifest are unchanged."""
-        if len(sentences) != doc.n_chunks:
-            raise StoreError(f"{doc.path} has {doc.n_chunks} chunks but {len(sentences)} sentence sets were given")
-        final = self.path / "kv" / doc.kv_file
-        with safe_open(final, framework="pt") as f:
-            meta = f.metadata()
-            tensors = {key: f.get_tensor(key) for key in f.keys()}
-        for i, found in enumerate(sentences):
-            tensors.update(_sentence_tensors(i, found))
-        save_safetensors(tensors, final, metadata=meta)
-
     def remove_document(self, path: str) -> None:
         """Drop one document: its manifest rows first (one transaction), then its KV file; unknown paths are a
         no-op."""
@@ -301,18 +273,11 @@ class Store:
 
     def summary(self) -> dict:
         """What the store holds, for people and scripts (`cagkit store info`): its settings, totals and, per
-        document, chunks, tokens, KV bytes on disk and state: `ok`, `no sentences` (written before sentence
-        embeddings were kept; the next `cagkit ingest` of it adds them) or `damaged` (re-ingest it)."""
+        document, chunks, tokens, KV bytes on disk and state: `ok` or `damaged` (re-ingest it)."""
         documents = []
         for doc in self.documents():
             file = self.path / "kv" / doc.kv_file
-            names = self._kv_names(doc)  # read once for both checks
-            if not _holds(names, doc, _CHUNK_TENSORS):
-                state = "damaged"
-            elif not _holds(names, doc, _SENTENCE_TENSORS):
-                state = "no sentences"
-            else:
-                state = "ok"
+            state = "ok" if self.is_intact(doc) else "damaged"
             documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
                               "kv_bytes": file.stat().st_size if file.exists() else 0, "state": state,
                               "metadata": doc.metadata})
@@ -428,20 +393,6 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
-def _holds(names: set[str] | None, doc: Document, tensors: tuple[str, ...]) -> bool:
-    """True when a KV file with tensor `names` (None: it does not open) has `tensors` for every chunk of `doc`."""
-    return names is not None and all(f"{i}.{name}" in names for i in range(doc.n_chunks) for name in tensors)
-
-
-def _sentence_tensors(index: int, sentences: tuple) -> dict[str, torch.Tensor]:
-    """The KV-file tensors of chunk `index`'s sentence spans and embeddings."""
-    import torch
-
-    spans, vectors = sentences
-    return {f"{index}.sentences": torch.as_tensor(spans, dtype=torch.int32).reshape(-1, 2),  # [S, 2]
-            f"{index}.sentence_embeddings": torch.as_tensor(vectors).to(torch.float16)}  # [S, E]
-
-
 def _metadata(column: str | None) -> dict:
     return json.loads(column) if column else {}
 
@@ -449,23 +400,50 @@ def _metadata(column: str | None) -> dict:
 def _lock_for_writing(path: Path, wait: bool = False):
     """An exclusive lock on the store; a second writer gets a clear error instead of racing the first, or with
     `wait` blocks until the first is done."""
-    handle = open(path / "write.lock", "w")
+    handle = _try_lock(path)
+    if handle is None:
+        if not wait:
+            raise StoreError(f"store {path} is being written by another cagkit ingest; wait for it to finish")
+        print(f"store {path} is being written by another cagkit process; waiting for it", file=sys.stderr, flush=True)
+        handle = open(path / "write.lock", "w")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+def _try_lock(path: Path):
+    """The store's writer lock if no other process holds it, else None."""
+    try:
+        handle = open(path / "write.lock", "w")
+    except OSError as exc:
+        raise StoreError(f"cannot write to store {path} ({exc.strerror}); give yourself write access to it or use "
+                         f"another --store") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        if not wait:
-            handle.close()
-            raise StoreError(f"store {path} is being written by another cagkit ingest; wait for it to finish") from None
-        print(f"store {path} is being written by another cagkit process; waiting for it", file=sys.stderr, flush=True)
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.close()
+        return None
     return handle
+
+
+def _migrate_for_reading(path: Path, conn: sqlite3.Connection) -> None:
+    """Bring a store opened for reading to the current format. Migrating writes, so it takes the writer lock;
+    while a writer holds it, that writer migrates the store as it opens it, and this waits for that."""
+    while migrations.pending(conn, path):
+        lock = _try_lock(path)
+        if lock is None:
+            time.sleep(0.1)
+            continue
+        try:
+            migrations.apply(conn, path)
+        finally:
+            lock.close()
 
 
 def _connect(manifest: Path) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(manifest)
         conn.execute("PRAGMA foreign_keys = ON")
-        conn.executescript(_SCHEMA)
+        migrations.pending(conn, manifest.parent)  # reads the manifest: a damaged one fails here, not later
     except sqlite3.DatabaseError as exc:
         raise StoreError(
             f"store manifest {manifest} is damaged ({exc}); move the store aside and re-run `cagkit ingest`"

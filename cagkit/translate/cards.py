@@ -1,8 +1,8 @@
 """Where translator checkpoints live and what their JSON cards say, without PyTorch.
 
-`cagkit translators list` and the paths other modules look checkpoints up by need only the file names and the
-cards, so they live here, apart from the networks in `cagkit.translators` (which imports the path and card
-helpers it uses from here), and the command answers without loading PyTorch.
+`cagkit translators list` and the paths other modules look checkpoints up by need only the file names and the cards,
+so they live here, apart from the networks in `cagkit.translate.translator` (which imports the path and card helpers
+it uses from here), and the command answers without loading PyTorch.
 """
 
 from __future__ import annotations
@@ -12,15 +12,12 @@ import os
 from pathlib import Path
 
 from cagkit.errors import TranslatorError
+from cagkit.files import write_json_atomic
 
 
 def write_card(checkpoint: Path, card: dict) -> Path:
     """Write the JSON card of `checkpoint` atomically (the weights are not touched); returns the card's path."""
-    target = card_path(checkpoint)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(card, indent=2) + "\n")
-    os.replace(tmp, target)
-    return target
+    return write_json_atomic(card_path(checkpoint), card)
 
 
 def translators_dir() -> Path:

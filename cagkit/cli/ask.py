@@ -1,0 +1,52 @@
+"""`cagkit ask`: answer a question from the stored documents (`cagkit.ask.ask`)."""
+
+from __future__ import annotations
+
+import json
+
+from cagkit.cli.options import add_device_options, add_placement_options, add_retrieval_option, add_store_option
+from cagkit.config import ASK_MODES, DEFAULT_MODEL, Placement
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("ask", help="answer a question from the stored documents")
+    p.add_argument("question")
+    add_store_option(p)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="target model (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
+    add_retrieval_option(p)
+    p.add_argument("--mode", default="mot", choices=ASK_MODES,
+                   help="mot: translate the stored KV (default); native: the target prefills the chunk text; "
+                        "linear/projector: single-path baseline translators; oracle (diagnostic): the target "
+                        "prefills each chunk alone, the cache a perfect translator would give")
+    add_placement_options(p)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: answer, sources, timings, model, mode, "
+                                                             "context_tokens, placement and retrieval")
+    add_device_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from cagkit.ask import ask
+
+    stream = None if args.json else (lambda piece: print(piece, end="", flush=True))
+    result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
+                 max_new_tokens=args.max_new_tokens, on_text=stream, recompute_layers=args.recompute_layers,
+                 blend=args.blend, blend_select=args.blend_select, device=args.device, retrieval=args.retrieval)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 0
+    print()
+    print("\nsources:")
+    for s in result.sources:
+        print(f"  {s['score']:.3f}  {s['document']}  chunk {s['chunk']}")
+    t = result.timings
+    print(
+        f"\n{result.model} ({result.mode}{Placement.from_settings(result.placement).describe()}), {result.context_tokens} "
+        f"context tokens by {result.retrieval} retrieval: retrieve {t['retrieve_ms']:.0f} ms, "
+        f"load {t['load_ms']:.0f} ms, translate {t['translate_ms'] - t['repair_ms']:.0f} ms, "
+        f"repair {t['repair_ms']:.0f} ms, prefill {t['prefill_ms']:.0f} ms, "
+        f"first token {t['ttft_ms']:.0f} ms, {t['tokens_per_s']:.1f} tokens/s"
+    )
+    return 0

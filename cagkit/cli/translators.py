@@ -1,0 +1,176 @@
+"""`cagkit translators train|score|list`: train KV translators between models, score them on held-out text, list
+them (`cagkit.translate.train`, `cagkit.translate.cards`)."""
+
+from __future__ import annotations
+
+import json
+
+from cagkit.config import ALIGN_MODES, EXPERT_INPUTS, TRANSLATOR_KINDS
+from cagkit.errors import CagkitError
+from cagkit.evaluation.datasets import FORMATS
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("translators", help="train KV translators between models, or list them")
+    tsub = p.add_subparsers(dest="translators_command", required=True)
+    t = tsub.add_parser("train", help="train a translator from SOURCE's KV space to TARGET's (resumes if interrupted)")
+    t.add_argument("--source", required=True, help="the model whose stored KV is translated (alias or directory)")
+    t.add_argument("--target", required=True, help="the model that reads the translated KV (alias or directory)")
+    t.add_argument("--corpus", required=True,
+                   help="folder of .txt files: those under a testing/ folder or named test.txt are held out for "
+                        "the card's scores, the rest are trained on (both must exist)")
+    t.add_argument("--steps", type=int, default=None, help="optimisation steps (default: 600; more continues a finished run)")
+    t.add_argument("--kind", default="mot", choices=TRANSLATOR_KINDS,
+                   help="mot (experts and router), projector (one MLP per layer) or linear (ridge, closed form) "
+                        "(default: %(default)s)")
+    t.add_argument("--examples", type=int, default=200,
+                   help="training passages of PREFIX_TOKENS+32 target tokens (default: %(default)s)")
+    t.add_argument("--prefix-tokens", type=int, default=128,
+                   help="target tokens of each training passage's translated prefix (default: %(default)s; "
+                        "held-out scoring always uses 128, so cards compare)")
+    t.add_argument("--recall-fraction", type=float, default=0.5,
+                   help="share of examples whose replayed continuation repeats a span of the passage (default: %(default)s)")
+    t.add_argument("--attention-weight", type=float, default=0.0,
+                   help="weight of the attention loss: the continuation's native queries must attend over the "
+                        "translated keys as over the native ones (default: %(default)s, off)")
+    t.add_argument("--kv-weight", type=float, default=1.0,
+                   help="weight of the KV reconstruction loss against the target's native keys and values "
+                        "(default: %(default)s; 0 trains on the Context Correction Loss alone)")
+    t.add_argument("--ccl-weight", type=float, default=1.0,
+                   help="weight of the Context Correction Loss, its logits KL and its hidden-state term alike "
+                        "(default: %(default)s; 0 trains on the KV loss alone and skips the target's replay "
+                        "backward pass)")
+    t.add_argument("--full-vocab-kl", action="store_true",
+                   help="the Context Correction Loss's KL over the whole vocabulary (the native top-64 tokens plus "
+                        "one bin for the rest) instead of over the native top-64 renormalised; costs the target's "
+                        "full LM head on every replayed token")
+    t.add_argument("--align", default=None, choices=ALIGN_MODES,
+                   help="how a target token reads the source tokens: the one covering its last character (cover, "
+                        "the default), or every overlapping one weighted by shared characters (overlap)")
+    t.add_argument("--token-window", type=int, default=1,
+                   help="target positions whose source features each token reads: itself and the N-1 before it "
+                        "in its chunk (default: %(default)s, the token alone)")
+    t.add_argument("--window", type=int, default=None,
+                   help="source layers each target layer reads, centred on the one matched by depth (default: 3, "
+                        "or one per expert with --expert-inputs depth)")
+    t.add_argument("--width", type=int, default=None,
+                   help="trunk width of each layer's translator (default: 160; mot and projector)")
+    t.add_argument("--expert-hidden", type=int, default=None,
+                   help="hidden units of each expert MLP (default: 96 for mot, 192 for the projector's one)")
+    t.add_argument("--experts", dest="num_experts", type=int, default=None,
+                   help="expert MLPs per layer (default: 4; mot only)")
+    t.add_argument("--top-k", dest="top_k", type=int, default=None,
+                   help="experts the router picks per token (default: 2; mot only)")
+    t.add_argument("--expert-inputs", dest="expert_inputs", default=None, choices=EXPERT_INPUTS,
+                   help="what each expert reads: the shared trunk (trunk, the default), or one source layer each "
+                        "plus the token identity (depth; the source window then defaults to one layer per "
+                        "expert); mot only")
+    t.add_argument("--focus-layers", default=None, metavar="L,...",
+                   help="target layers that get --focus-scale times the trunk width and expert hidden units, e.g. "
+                        "those that `benchmarks/layer_damage.py` finds lose the most (default: none)")
+    t.add_argument("--focus-scale", type=int, default=None, metavar="F",
+                   help="how many times wider the --focus-layers' translators are (default: 3)")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seeds the training passages, the initialisation and the batch order (default: %(default)s; "
+                        "the held-out passages stay the same, so runs of other seeds compare)")
+    t.add_argument("--qa", default=None, metavar="FILE",
+                   help="a question-answering file (any format `cagkit eval` reads): some examples' continuations "
+                        "then ask one of its questions and give its answer after a passage that holds it")
+    t.add_argument("--qa-format", default=None, choices=FORMATS, help="the --qa file's format (default: detected)")
+    t.add_argument("--qa-fraction", type=float, default=None,
+                   help="share of examples with a question-answer continuation (default: 0.5 with --qa, else 0)")
+    t.add_argument("--qa-skip", type=int, default=0, metavar="N",
+                   help="leave out the --qa file's first N questions and every question on their documents, "
+                        "e.g. the N that `cagkit eval --limit N` scores (default: %(default)s)")
+    t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1e-3)")
+    t.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU threads for training (default: %(default)s; $CAGKIT_THREADS does not apply here)")
+    t.add_argument("--work-dir", default=None, help="paired-prefill data and resumable state (default: $CAGKIT_HOME/train/SOURCE__TARGET)")
+    t.add_argument("--out", default=None,
+                   help="checkpoint path (default: SOURCE__TARGET.safetensors for mot, SOURCE__TARGET.KIND."
+                        "safetensors otherwise, in $CAGKIT_TRANSLATORS or translators/)")
+    t.set_defaults(func=run_train)
+    t = tsub.add_parser("score", help="score trained checkpoints on held-out text again and update their cards")
+    t.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=".safetensors translator files")
+    t.add_argument("--corpus", default=None, help="the corpus they were trained on (default: the one in the card)")
+    t.set_defaults(func=run_score)
+    t = tsub.add_parser("list", help="the translators cagkit uses, with their held-out scores from the cards")
+    t.add_argument("--dir", default=None, help="folder of checkpoints (default: the shipped translators/, or "
+                                                "$CAGKIT_TRANSLATORS)")
+    t.add_argument("--json", action="store_true", help="print the list as one JSON object")
+    t.set_defaults(func=run_list)
+
+
+def run_train(args) -> int:
+    from cagkit.config import TrainSettings
+    from cagkit.translate.train import train_translator
+
+    settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
+                             attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
+                             kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
+                             prefix_tokens=args.prefix_tokens, seed=args.seed, qa_data=args.qa,
+                             qa_format=args.qa_format, qa_skip=args.qa_skip,
+                             qa_fraction=args.qa_fraction if args.qa_fraction is not None else 0.5 if args.qa else 0.0,
+                             sizes={**({"align_mode": args.align} if args.align else {}),
+                                    **({"token_window": args.token_window} if args.token_window != 1 else {}),
+                                    **{name: getattr(args, name) for name in ("window", "width", "expert_hidden",
+                                                                               "num_experts", "top_k", "expert_inputs")
+                                       if getattr(args, name) is not None},
+                                    **_focus(args)},
+                             **({"lr": args.lr} if args.lr is not None else {}))
+    out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
+                           out=args.out, kind=args.kind, work_dir=args.work_dir, settings=settings, init=args.init)
+    print(f"wrote {out}")
+    return 0
+
+
+def _focus(args) -> dict:
+    """The focused layers' sizes from --focus-layers and --focus-scale (3 when only the layers are given)."""
+    if not args.focus_layers:
+        if args.focus_scale is not None:
+            raise CagkitError("--focus-scale widens the layers --focus-layers names; pass --focus-layers too")
+        return {}
+    try:
+        layers = tuple(int(layer) for layer in args.focus_layers.split(","))
+    except ValueError:
+        raise CagkitError(f"--focus-layers {args.focus_layers}: give comma-separated target layer numbers, "
+                          f"e.g. 16 or 9,16") from None
+    return {"focus_layers": layers, "focus_scale": args.focus_scale if args.focus_scale is not None else 3}
+
+
+def run_score(args) -> int:
+    from cagkit.translate.train import score_translator
+
+    for checkpoint in args.checkpoints:
+        heldout = score_translator(checkpoint, corpus=args.corpus)
+        recall = heldout["recall"]
+        print(f"{checkpoint}: next text {heldout['recovery']['translated']:.2f} / "
+              f"{heldout['kl_recovery']['translated']:.2f}, recall {recall['recovery']['translated']:.2f} / "
+              f"{recall['kl_recovery']['translated']:.2f} (loss / KL recovery); card updated")
+    return 0
+
+
+def run_list(args) -> int:
+    from cagkit.translate.cards import HELDOUT_BAR, list_translators, translators_dir
+
+    rows = list_translators(args.dir)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        print(f"no translators in {args.dir or translators_dir()}; train one with `cagkit translators train`")
+        return 0
+
+    def score(a, b) -> str:
+        return "-" if a is None or b is None else f"{a:.2f} / {b:.2f}"
+
+    print(f"{'source':<8} {'target':<8} {'kind':<9} {'steps':>5} {'tokens':>7}  {'next text':>11}  {'recall':>11}  "
+          f"bar ({HELDOUT_BAR:.0%} of next text)")
+    for r in rows:
+        tokens = f"{r['training_tokens'] / 1000:.1f}k" if r["training_tokens"] else "-"
+        print(f"{r['source']:<8} {r['target']:<8} {r['kind']:<9} {r['steps'] if r['steps'] is not None else '-':>5} "
+              f"{tokens:>7}  {score(r['next_loss'], r['next_kl']):>11}  {score(r['recall_loss'], r['recall_kl']):>11}  "
+              f"{r['bar']}")
+    print("held-out recovery, loss / KL: the share of the no-context -> native gap the translated context closes")
+    return 0

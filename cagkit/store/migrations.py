@@ -1,0 +1,105 @@
+"""Changes to the store format as numbered migrations, applied in order when a store is opened.
+
+Each `mNNN_name(path, conn)` takes a store (its directory and open manifest) from the state the migrations before
+it leave to the next, and returns the paths of the documents whose KV files it rewrote. Their names are recorded in the manifest's `migrations` table as they complete, so each runs
+once per store, and a store that a newer cagkit migrated further is refused rather than misread. A change to the
+format is a new function at the end of `MIGRATIONS`; code that reads a store then reads one format only.
+
+A migration is recorded only once it has completed, and each can run again over its own partial work: the KV
+files it rewrites are replaced atomically, so an interrupted migration is finished the next time the store is
+opened for writing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+Migration = Callable[[Path, sqlite3.Connection], list[str]]
+
+
+def m001_create_tables(path: Path, conn: sqlite3.Connection) -> list[str]:
+    """The manifest's tables. Stores created before migrations were recorded have them already."""
+    conn.executescript("""
+        CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE IF NOT EXISTS documents (
+            id INTEGER PRIMARY KEY, path TEXT UNIQUE NOT NULL, sha256 TEXT NOT NULL, kv_file TEXT NOT NULL,
+            n_chunks INTEGER NOT NULL, n_tokens INTEGER NOT NULL, ingested_at REAL NOT NULL, metadata TEXT);
+        CREATE TABLE IF NOT EXISTS chunks (
+            id INTEGER PRIMARY KEY, doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+            idx INTEGER NOT NULL, text TEXT NOT NULL, char_start INTEGER NOT NULL, char_end INTEGER NOT NULL,
+            n_tokens INTEGER NOT NULL, embedding BLOB NOT NULL);
+        CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
+    """)
+    return []
+
+
+def m002_sentence_embeddings(path: Path, conn: sqlite3.Connection) -> list[str]:
+    """Each chunk's sentence spans `{i}.sentences` [S, 2] int32 and their embeddings `{i}.sentence_embeddings`
+    [S, E] float16, which the repair selects tokens by, added to KV files written before they were kept. The KV
+    itself is copied unchanged; a file that does not open is left for `verify` to report."""
+    from safetensors import safe_open
+
+    from cagkit.files import save_safetensors
+    from cagkit.retrieval.embeddings import EMBEDDER_NAME, embed_sentences
+
+    embedder = conn.execute("SELECT value FROM settings WHERE key = 'embedder'").fetchone()
+    if embedder is None or json.loads(embedder[0]) != EMBEDDER_NAME:
+        return []  # a new store, or one written without this embedder: no sentence vectors to add
+    upgraded = []
+    for doc_id, doc_path, kv_file in conn.execute("SELECT id, path, kv_file FROM documents").fetchall():
+        file = path / "kv" / kv_file
+        try:
+            with safe_open(file, framework="pt") as f:
+                if any(key.endswith(".sentences") for key in f.keys()):
+                    continue
+                meta = f.metadata()
+                tensors = {key: f.get_tensor(key) for key in f.keys()}
+        except Exception:  # safetensors raises several types for damaged files
+            continue
+        texts = [r[0] for r in conn.execute("SELECT text FROM chunks WHERE doc_id = ? ORDER BY idx", (doc_id,))]
+        for i, sentences in enumerate(embed_sentences(texts)):
+            tensors.update(sentence_tensors(i, sentences))
+        save_safetensors(tensors, file, metadata=meta)
+        upgraded.append(doc_path)
+    return upgraded
+
+
+MIGRATIONS: list[Migration] = [m001_create_tables, m002_sentence_embeddings]
+
+
+def sentence_tensors(index: int, sentences: tuple) -> dict:
+    """The KV-file tensors of chunk `index`'s sentence spans [S, 2] int32 and embeddings [S, E] float16."""
+    import torch
+
+    spans, vectors = sentences
+    return {f"{index}.sentences": torch.as_tensor(spans, dtype=torch.int32).reshape(-1, 2),
+            f"{index}.sentence_embeddings": torch.as_tensor(vectors).to(torch.float16)}
+
+
+def pending(conn: sqlite3.Connection, store: Path) -> list[Migration]:
+    """The migrations `store` has not had yet, in order; a StoreError if a newer cagkit migrated it further."""
+    from cagkit.errors import StoreError
+
+    recorded = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'migrations'").fetchone()
+    done = {r[0] for r in conn.execute("SELECT name FROM migrations")} if recorded else set()
+    unknown = done - {m.__name__ for m in MIGRATIONS}
+    if unknown:
+        raise StoreError(f"store {store} was upgraded by a newer cagkit (migration {', '.join(sorted(unknown))}); "
+                         f"upgrade cagkit to read it")
+    return [m for m in MIGRATIONS if m.__name__ not in done]
+
+
+def apply(conn: sqlite3.Connection, store: Path) -> list[str]:
+    """Apply the pending migrations to `store` in order, each recorded as it completes; the paths of the documents
+    whose KV files they rewrote. The caller holds the store's writer lock."""
+    conn.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+    upgraded = []
+    for migration in pending(conn, store):
+        upgraded += migration(store, conn)
+        with conn:
+            conn.execute("INSERT INTO migrations VALUES (?, ?)", (migration.__name__, time.time()))
+    return list(dict.fromkeys(upgraded))
