@@ -14,6 +14,7 @@ from transformers import DynamicCache
 from cagkit.config import ASK_MODES as MODES
 from cagkit.config import (
     DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MODE,
     DEFAULT_MODEL,
     DEFAULT_RETRIEVAL,
     DEFAULT_STORE,
@@ -58,7 +59,7 @@ def ask(
     store: str | Path | Store = DEFAULT_STORE,
     model: str = DEFAULT_MODEL,
     top_k: int = DEFAULT_TOP_K,
-    mode: str = "mot",
+    mode: str = DEFAULT_MODE,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     on_text: Callable[[str], None] | None = None,
     recompute_layers: int = Placement.recompute_layers,

@@ -32,6 +32,10 @@ DEFAULT_STORE = Path("stores/default")
 DEFAULT_MODEL = "smollm2"  # the target `ask`, `eval` and the LlamaIndex classes answer with when none is named
 DEFAULT_TOP_K = 4  # chunks retrieved for a question
 DEFAULT_MAX_NEW_TOKENS = 64  # the longest answer, in tokens
+DEFAULT_MODE = "mot"  # where `ask` takes the target's context from when the target is not the store's source
+# `cagkit eval`: the methods compared when none are named, and the longest answer (QA answers are short spans)
+DEFAULT_EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot")
+DEFAULT_EVAL_MAX_NEW_TOKENS = 24
 BLEND_SELECT = ("question", "deviation")
 
 
@@ -111,6 +115,38 @@ class Placement:
 # Chunks placed exactly as stored or translated: no recompute of any kind (the fastest placement).
 AS_STORED = Placement(recompute_layers=0, blend=0.0, blend_select="deviation")
 PLACEMENT_FIELDS = tuple(f.name for f in fields(Placement))
+
+
+@dataclass(frozen=True)
+class TranslatorSizes:
+    """A translator's own sizes, as `cagkit translators train` builds it when no size option is given
+    (`cagkit.translate.translator.TranslatorConfig` takes its defaults from `TRANSLATOR_SIZES`)."""
+
+    native_layers: int = 1  # bottom target layers computed exactly from token embeddings (0 or 1)
+    window: int = 3  # source layers per target layer, centred on the depth-matched one
+    width: int = 160  # trunk width
+    expert_hidden: int = 96  # hidden units of each expert MLP (the projector's one MLP gets twice as many)
+    num_experts: int = 4
+    top_k: int = 2  # experts the router picks per token
+    token_dim: int = 128  # projected token-identity features
+    skip_rank: int = 256  # rank of the linear skip from the source window (mot, projector)
+    align_mode: str = "cover"  # how a target token reads the source tokens (ALIGN_MODES)
+    # Target positions whose aligned source features each token reads: itself and the `token_window - 1`
+    # before it in the same chunk (1: the token alone, as every shipped checkpoint was trained).
+    token_window: int = 1
+    # What each expert reads (mot): the shared trunk (`trunk`, as every shipped checkpoint was trained), or one
+    # source layer of the window each plus the token identity (`depth`: expert e reads layer e mod window), so
+    # the router's choice is a choice of source depth.
+    expert_inputs: str = "trunk"
+    # Target layers whose trunk width and expert hidden units are `focus_scale` times the others' (none in every
+    # shipped checkpoint): more capacity where translating a layer loses the most (benchmarks/layer_damage.py).
+    focus_layers: tuple[int, ...] = ()
+    focus_scale: int = 1
+
+
+TRANSLATOR_SIZES = TranslatorSizes()
+DEFAULT_FOCUS_SCALE = 3  # how many times wider focused layers are when only the layers are named
+DEFAULT_QA_FRACTION = 0.5  # share of training examples with a question-answer continuation, given a QA file
 
 
 @dataclass

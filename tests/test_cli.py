@@ -409,3 +409,36 @@ def test_the_package_resolves_its_public_names_on_first_use():
     assert not {"importlib", "sys", "types", "TYPE_CHECKING", "_LAZY"} & set(dir(cagkit))  # only what it offers
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         cagkit.nothing
+
+
+def test_command_defaults_are_the_configuration_centres(monkeypatch, tmp_path):
+    """A default is written once, in cagkit.config: the parser's defaults are read from there, and a training run
+    given no option gets exactly the settings `TrainSettings()` has."""
+    import dataclasses
+
+    import cagkit.translate.train as training
+    from cagkit.cli import build_parser
+    from cagkit.config import (
+        DEFAULT_EVAL_MAX_NEW_TOKENS,
+        DEFAULT_EVAL_METHODS,
+        DEFAULT_MAX_NEW_TOKENS,
+        DEFAULT_MODE,
+        DEFAULT_MODEL,
+        DEFAULT_TOP_K,
+        Placement,
+        TrainSettings,
+    )
+
+    ask_args = build_parser().parse_args(["ask", "q"])
+    assert (ask_args.model, ask_args.top_k, ask_args.mode, ask_args.max_new_tokens) == (
+        DEFAULT_MODEL, DEFAULT_TOP_K, DEFAULT_MODE, DEFAULT_MAX_NEW_TOKENS)
+    assert Placement(ask_args.recompute_layers, ask_args.blend, ask_args.blend_select) == Placement()
+    eval_args = build_parser().parse_args(["eval", "--data", "d.json", "--target", "t"])
+    assert (tuple(eval_args.methods.split(",")), eval_args.top_k, eval_args.max_new_tokens) == (
+        DEFAULT_EVAL_METHODS, DEFAULT_TOP_K, DEFAULT_EVAL_MAX_NEW_TOKENS)
+
+    seen = {}
+    monkeypatch.setattr(training, "train_translator", lambda **kwargs: seen.update(kwargs) or tmp_path / "t")
+    assert main(["translators", "train", "--source", "a", "--target", "b", "--corpus", str(tmp_path)]) == 0
+    assert dataclasses.asdict(seen["settings"]) == dataclasses.asdict(TrainSettings())
+    assert seen["steps"] is None and seen["kind"] == "mot"  # None: the settings' own number of steps

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from cagkit.cli.options import add_device_options, add_placement_options, add_retrieval_option, add_store_option
-from cagkit.config import ASK_MODES, DEFAULT_MODEL, Placement
+from cagkit.config import ASK_MODES, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, DEFAULT_MODEL, DEFAULT_TOP_K, Placement
 
 
 def add_parser(sub) -> None:
@@ -13,14 +13,16 @@ def add_parser(sub) -> None:
     p.add_argument("question")
     add_store_option(p)
     p.add_argument("--model", default=DEFAULT_MODEL, help="target model (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="chunks to retrieve (default: %(default)s)")
     add_retrieval_option(p)
-    p.add_argument("--mode", default="mot", choices=ASK_MODES,
-                   help="mot: translate the stored KV (default); native: the target prefills the chunk text; "
-                        "linear/projector: single-path baseline translators; oracle (diagnostic): the target "
-                        "prefills each chunk alone, the cache a perfect translator would give")
+    p.add_argument("--mode", default=DEFAULT_MODE, choices=ASK_MODES,
+                   help="mot: translate the stored KV; native: the target prefills the chunk text; select: the target "
+                        "prefills only the sentences of the chunks closest to the question (--blend of the context "
+                        "tokens) and reads no stored KV; linear/projector: single-path baseline translators; "
+                        "oracle (diagnostic): the target prefills each chunk alone, the cache a perfect translator "
+                        "would give (default: %(default)s)")
     add_placement_options(p)
-    p.add_argument("--max-new-tokens", type=int, default=64, help="longest answer in tokens (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object: answer, sources, timings, model, mode, "
                                                              "context_tokens, placement and retrieval")
     add_device_options(p)

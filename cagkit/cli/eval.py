@@ -8,7 +8,14 @@ import json
 from pathlib import Path
 
 from cagkit.cli.options import add_device_options, add_placement_options, add_retrieval_option
-from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, EVAL_METHODS
+from cagkit.config import (
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_EVAL_MAX_NEW_TOKENS,
+    DEFAULT_EVAL_METHODS,
+    DEFAULT_SOURCE,
+    DEFAULT_TOP_K,
+    EVAL_METHODS,
+)
 from cagkit.evaluation.datasets import FORMATS
 
 
@@ -18,14 +25,14 @@ def add_parser(sub) -> None:
     p.add_argument("--format", default=None, choices=FORMATS, help="data format (default: detected from the file)")
     p.add_argument("--source", default=DEFAULT_SOURCE, help="model that ingests the documents (default: %(default)s)")
     p.add_argument("--target", required=True, help="model that answers")
-    p.add_argument("--methods", default="native,none,source,linear,projector,mot",
+    p.add_argument("--methods", default=",".join(DEFAULT_EVAL_METHODS),
                    help=f"comma-separated, of {', '.join(EVAL_METHODS)} (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
-    p.add_argument("--top-k", type=int, default=4, help="chunks to retrieve (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="chunks to retrieve (default: %(default)s)")
     p.add_argument("--full-context", action="store_true", help="give every method the whole context, no retrieval")
     add_retrieval_option(p)
     add_placement_options(p)
-    p.add_argument("--max-new-tokens", type=int, default=24, help="longest answer in tokens (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_EVAL_MAX_NEW_TOKENS, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--store", default=None,
                    help="store to ingest the documents into (default: results/stores/<data>-<source>, shared by "
                         "every run over the same data and source)")

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import json
 
-from cagkit.config import ALIGN_MODES, EXPERT_INPUTS, TRANSLATOR_KINDS
+from cagkit.config import (
+    ALIGN_MODES,
+    DEFAULT_FOCUS_SCALE,
+    DEFAULT_QA_FRACTION,
+    EXPERT_INPUTS,
+    TRANSLATOR_KINDS,
+    TRANSLATOR_SIZES,
+    TrainSettings,
+)
 from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import FORMATS
+
+_TRAIN = TrainSettings()  # the defaults of a training run
 
 
 def add_parser(sub) -> None:
@@ -19,24 +29,24 @@ def add_parser(sub) -> None:
     t.add_argument("--corpus", required=True,
                    help="folder of .txt files: those under a testing/ folder or named test.txt are held out for "
                         "the card's scores, the rest are trained on (both must exist)")
-    t.add_argument("--steps", type=int, default=None, help="optimisation steps (default: 600; more continues a finished run)")
-    t.add_argument("--kind", default="mot", choices=TRANSLATOR_KINDS,
+    t.add_argument("--steps", type=int, default=None, help=f"optimisation steps (default: {_TRAIN.steps}; more continues a finished run)")
+    t.add_argument("--kind", default=TRANSLATOR_KINDS[0], choices=TRANSLATOR_KINDS,
                    help="mot (experts and router), projector (one MLP per layer) or linear (ridge, closed form) "
                         "(default: %(default)s)")
-    t.add_argument("--examples", type=int, default=200,
-                   help="training passages of PREFIX_TOKENS+32 target tokens (default: %(default)s)")
-    t.add_argument("--prefix-tokens", type=int, default=128,
+    t.add_argument("--examples", type=int, default=_TRAIN.examples,
+                   help=f"training passages of PREFIX_TOKENS+{_TRAIN.continuation_tokens} target tokens (default: %(default)s)")
+    t.add_argument("--prefix-tokens", type=int, default=_TRAIN.prefix_tokens,
                    help="target tokens of each training passage's translated prefix (default: %(default)s; "
-                        "held-out scoring always uses 128, so cards compare)")
-    t.add_argument("--recall-fraction", type=float, default=0.5,
+                        f"held-out scoring always uses {_TRAIN.heldout_prefix_tokens}, so cards compare)")
+    t.add_argument("--recall-fraction", type=float, default=_TRAIN.recall_fraction,
                    help="share of examples whose replayed continuation repeats a span of the passage (default: %(default)s)")
-    t.add_argument("--attention-weight", type=float, default=0.0,
+    t.add_argument("--attention-weight", type=float, default=_TRAIN.attention_weight,
                    help="weight of the attention loss: the continuation's native queries must attend over the "
                         "translated keys as over the native ones (default: %(default)s, off)")
-    t.add_argument("--kv-weight", type=float, default=1.0,
+    t.add_argument("--kv-weight", type=float, default=_TRAIN.kv_weight,
                    help="weight of the KV reconstruction loss against the target's native keys and values "
                         "(default: %(default)s; 0 trains on the Context Correction Loss alone)")
-    t.add_argument("--ccl-weight", type=float, default=1.0,
+    t.add_argument("--ccl-weight", type=float, default=_TRAIN.kl_weight,
                    help="weight of the Context Correction Loss, its logits KL and its hidden-state term alike "
                         "(default: %(default)s; 0 trains on the KV loss alone and skips the target's replay "
                         "backward pass)")
@@ -45,32 +55,34 @@ def add_parser(sub) -> None:
                         "one bin for the rest) instead of over the native top-64 renormalised; costs the target's "
                         "full LM head on every replayed token")
     t.add_argument("--align", default=None, choices=ALIGN_MODES,
-                   help="how a target token reads the source tokens: the one covering its last character (cover, "
-                        "the default), or every overlapping one weighted by shared characters (overlap)")
-    t.add_argument("--token-window", type=int, default=1,
+                   help="how a target token reads the source tokens: the one covering its last character (cover), or "
+                        "every overlapping one weighted by shared characters (overlap) (default: "
+                        f"{TRANSLATOR_SIZES.align_mode})")
+    t.add_argument("--token-window", type=int, default=TRANSLATOR_SIZES.token_window,
                    help="target positions whose source features each token reads: itself and the N-1 before it "
                         "in its chunk (default: %(default)s, the token alone)")
     t.add_argument("--window", type=int, default=None,
-                   help="source layers each target layer reads, centred on the one matched by depth (default: 3, "
-                        "or one per expert with --expert-inputs depth)")
+                   help="source layers each target layer reads, centred on the one matched by depth (default: "
+                        f"{TRANSLATOR_SIZES.window}, or one per expert with --expert-inputs depth)")
     t.add_argument("--width", type=int, default=None,
-                   help="trunk width of each layer's translator (default: 160; mot and projector)")
+                   help=f"trunk width of each layer's translator (default: {TRANSLATOR_SIZES.width}; mot and projector)")
     t.add_argument("--expert-hidden", type=int, default=None,
-                   help="hidden units of each expert MLP (default: 96 for mot, 192 for the projector's one)")
+                   help=f"hidden units of each expert MLP (default: {TRANSLATOR_SIZES.expert_hidden} for mot, "
+                        f"{2 * TRANSLATOR_SIZES.expert_hidden} for the projector's one)")
     t.add_argument("--experts", dest="num_experts", type=int, default=None,
-                   help="expert MLPs per layer (default: 4; mot only)")
+                   help=f"expert MLPs per layer (default: {TRANSLATOR_SIZES.num_experts}; mot only)")
     t.add_argument("--top-k", dest="top_k", type=int, default=None,
-                   help="experts the router picks per token (default: 2; mot only)")
+                   help=f"experts the router picks per token (default: {TRANSLATOR_SIZES.top_k}; mot only)")
     t.add_argument("--expert-inputs", dest="expert_inputs", default=None, choices=EXPERT_INPUTS,
-                   help="what each expert reads: the shared trunk (trunk, the default), or one source layer each "
+                   help=f"what each expert reads: the shared trunk (trunk), or one source layer each "
                         "plus the token identity (depth; the source window then defaults to one layer per "
-                        "expert); mot only")
+                        f"expert); mot only (default: {TRANSLATOR_SIZES.expert_inputs})")
     t.add_argument("--focus-layers", default=None, metavar="L,...",
                    help="target layers that get --focus-scale times the trunk width and expert hidden units, e.g. "
                         "those that `benchmarks/layer_damage.py` finds lose the most (default: none)")
     t.add_argument("--focus-scale", type=int, default=None, metavar="F",
-                   help="how many times wider the --focus-layers' translators are (default: 3)")
-    t.add_argument("--seed", type=int, default=0,
+                   help=f"how many times wider the --focus-layers' translators are (default: {DEFAULT_FOCUS_SCALE})")
+    t.add_argument("--seed", type=int, default=_TRAIN.seed,
                    help="seeds the training passages, the initialisation and the batch order (default: %(default)s; "
                         "the held-out passages stay the same, so runs of other seeds compare)")
     t.add_argument("--qa", default=None, metavar="FILE",
@@ -78,13 +90,14 @@ def add_parser(sub) -> None:
                         "then ask one of its questions and give its answer after a passage that holds it")
     t.add_argument("--qa-format", default=None, choices=FORMATS, help="the --qa file's format (default: detected)")
     t.add_argument("--qa-fraction", type=float, default=None,
-                   help="share of examples with a question-answer continuation (default: 0.5 with --qa, else 0)")
-    t.add_argument("--qa-skip", type=int, default=0, metavar="N",
+                   help=f"share of examples with a question-answer continuation (default: {DEFAULT_QA_FRACTION} with --qa, "
+                        f"else {_TRAIN.qa_fraction:g})")
+    t.add_argument("--qa-skip", type=int, default=_TRAIN.qa_skip, metavar="N",
                    help="leave out the --qa file's first N questions and every question on their documents, "
                         "e.g. the N that `cagkit eval --limit N` scores (default: %(default)s)")
     t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
-    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 1e-3)")
-    t.add_argument("--threads", type=int, default=1, metavar="N",
+    t.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default: {_TRAIN.lr:g})")
+    t.add_argument("--threads", type=int, default=_TRAIN.threads, metavar="N",
                    help="CPU threads for training (default: %(default)s; $CAGKIT_THREADS does not apply here)")
     t.add_argument("--work-dir", default=None, help="paired-prefill data and resumable state (default: $CAGKIT_HOME/train/SOURCE__TARGET)")
     t.add_argument("--out", default=None,
@@ -111,9 +124,11 @@ def run_train(args) -> int:
                              kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
                              prefix_tokens=args.prefix_tokens, seed=args.seed, qa_data=args.qa,
                              qa_format=args.qa_format, qa_skip=args.qa_skip,
-                             qa_fraction=args.qa_fraction if args.qa_fraction is not None else 0.5 if args.qa else 0.0,
+                             qa_fraction=args.qa_fraction if args.qa_fraction is not None else DEFAULT_QA_FRACTION if args.qa
+                             else _TRAIN.qa_fraction,
                              sizes={**({"align_mode": args.align} if args.align else {}),
-                                    **({"token_window": args.token_window} if args.token_window != 1 else {}),
+                                    **({"token_window": args.token_window} if args.token_window != TRANSLATOR_SIZES.token_window
+                                       else {}),
                                     **{name: getattr(args, name) for name in ("window", "width", "expert_hidden",
                                                                                "num_experts", "top_k", "expert_inputs")
                                        if getattr(args, name) is not None},
@@ -136,7 +151,7 @@ def _focus(args) -> dict:
     except ValueError:
         raise CagkitError(f"--focus-layers {args.focus_layers}: give comma-separated target layer numbers, "
                           f"e.g. 16 or 9,16") from None
-    return {"focus_layers": layers, "focus_scale": args.focus_scale if args.focus_scale is not None else 3}
+    return {"focus_layers": layers, "focus_scale": args.focus_scale if args.focus_scale is not None else DEFAULT_FOCUS_SCALE}
 
 
 def run_score(args) -> int:

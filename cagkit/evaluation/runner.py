@@ -42,6 +42,8 @@ import torch
 from cagkit.ask import answer_from_chunks, build_context_cache
 from cagkit.config import (
     DEFAULT_CHUNK_TOKENS,
+    DEFAULT_EVAL_MAX_NEW_TOKENS,
+    DEFAULT_EVAL_METHODS,
     DEFAULT_MODEL,
     DEFAULT_RETRIEVAL,
     DEFAULT_SOURCE,
@@ -55,8 +57,8 @@ from cagkit.errors import CagkitError
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest.chunking import check_chunk_tokens
-from cagkit.kv.context import SelectedSentences
 from cagkit.ingest.pipeline import ingest
+from cagkit.kv.context import SelectedSentences
 from cagkit.models.device import model_device, synchronize
 from cagkit.models.loading import LoadedModel, load_model
 from cagkit.retrieval.rank import check_retrieval
@@ -75,13 +77,13 @@ def run_eval(
     data: str | Path,
     source: str = DEFAULT_SOURCE,
     target: str = DEFAULT_MODEL,
-    methods: list[str] = EVAL_METHODS,
+    methods: list[str] = DEFAULT_EVAL_METHODS,
     limit: int | None = None,
     top_k: int = DEFAULT_TOP_K,
     full_context: bool = False,
     out: str | Path | None = None,
     data_format: str | None = None,
-    max_new_tokens: int = 24,
+    max_new_tokens: int = DEFAULT_EVAL_MAX_NEW_TOKENS,
     store: str | Path | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     recompute_layers: int = Placement.recompute_layers,

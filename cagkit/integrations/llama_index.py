@@ -44,10 +44,17 @@ from llama_index.core.schema import (
 from llama_index.core.settings import Settings
 
 from cagkit.ask import MODES, Answer, Placement, answer_from_chunks
-from cagkit.kv.context import SelectedSentences
-from cagkit.config import DEFAULT_MODEL, DEFAULT_RETRIEVAL, DEFAULT_STORE, DEFAULT_TOP_K
+from cagkit.config import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MODE,
+    DEFAULT_MODEL,
+    DEFAULT_RETRIEVAL,
+    DEFAULT_STORE,
+    DEFAULT_TOP_K,
+)
 from cagkit.errors import CagkitError
 from cagkit.ingest.pipeline import IngestReport, ingest_texts
+from cagkit.kv.context import SelectedSentences
 from cagkit.models.loading import load_model
 from cagkit.retrieval.rank import check_retrieval
 from cagkit.retrieval.search import retrieve
@@ -141,8 +148,8 @@ class CAGQueryEngine(BaseQueryEngine):
         self,
         retriever: BaseRetriever,
         model: str = DEFAULT_MODEL,
-        mode: str = "mot",
-        max_new_tokens: int = 64,
+        mode: str = DEFAULT_MODE,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         streaming: bool = False,
         node_postprocessors: list[BaseNodePostprocessor] | None = None,
         store: str | Path | Store | None = None,

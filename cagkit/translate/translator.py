@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cagkit.config import EXPERT_INPUTS
+from cagkit.config import EXPERT_INPUTS, TRANSLATOR_SIZES
 from cagkit.config import TRANSLATOR_KINDS as KINDS
 from cagkit.errors import TranslatorError
 from cagkit.files import save_safetensors
@@ -59,26 +59,20 @@ class TranslatorConfig:
     target_heads: int
     target_head_dim: int
     target_embed_dim: int
-    native_layers: int = 1  # bottom target layers computed exactly from token embeddings (0 or 1)
-    window: int = 3  # source layers per target layer, centred on the depth-matched one
-    width: int = 160  # trunk width
-    expert_hidden: int = 96
-    num_experts: int = 4
-    top_k: int = 2
-    token_dim: int = 128  # projected token-identity features
-    skip_rank: int = 256  # rank of the linear skip from the source window (mot, projector)
-    align_mode: str = "cover"
-    # Target positions whose aligned source features each token reads: itself and the `token_window - 1`
-    # before it in the same chunk (1: the token alone, as every shipped checkpoint was trained).
-    token_window: int = 1
-    # What each expert reads (mot): the shared trunk (`trunk`, as every shipped checkpoint was trained), or one
-    # source layer of the window each plus the token identity (`depth`: expert e reads layer e mod window), so
-    # the router's choice is a choice of source depth.
-    expert_inputs: str = "trunk"
-    # Target layers whose trunk width and expert hidden units are `focus_scale` times the others' (none in every
-    # shipped checkpoint): more capacity where translating a layer loses the most (benchmarks/layer_damage.py).
-    focus_layers: tuple[int, ...] = ()
-    focus_scale: int = 1
+    # the translator's own sizes; their defaults and meaning: `cagkit.config.TranslatorSizes`
+    native_layers: int = TRANSLATOR_SIZES.native_layers
+    window: int = TRANSLATOR_SIZES.window
+    width: int = TRANSLATOR_SIZES.width
+    expert_hidden: int = TRANSLATOR_SIZES.expert_hidden
+    num_experts: int = TRANSLATOR_SIZES.num_experts
+    top_k: int = TRANSLATOR_SIZES.top_k
+    token_dim: int = TRANSLATOR_SIZES.token_dim
+    skip_rank: int = TRANSLATOR_SIZES.skip_rank
+    align_mode: str = TRANSLATOR_SIZES.align_mode
+    token_window: int = TRANSLATOR_SIZES.token_window
+    expert_inputs: str = TRANSLATOR_SIZES.expert_inputs
+    focus_layers: tuple[int, ...] = TRANSLATOR_SIZES.focus_layers
+    focus_scale: int = TRANSLATOR_SIZES.focus_scale
 
     def __post_init__(self):
         self.focus_layers = tuple(int(layer) for layer in self.focus_layers)  # a list when read back from JSON
