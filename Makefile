@@ -1,4 +1,5 @@
-# Two commands for a new machine:  `make demo` (set up, ingest the example docs, ask) and `make test`.
+# Two commands for a new machine:  `make demo` (set up, ingest the example docs with smollm2, ask qwen natively,
+# from the translated store and from the question's sentences alone) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -21,9 +22,9 @@ $(VENV)/.cagkit-setup: pyproject.toml requirements-models.txt
 
 demo: setup
 	$(BIN)/cagkit ingest examples/docs --store $(STORE)
-	$(BIN)/cagkit ask --store $(STORE) --model smollm2 "$(QUESTION)"
-	$(BIN)/cagkit ask --store $(STORE) --model gemma --mode native "$(QUESTION)"
-	$(BIN)/cagkit ask --store $(STORE) --model gemma "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode native "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode select "$(QUESTION)"
 
 test: setup
 	$(BIN)/python -m pytest -q

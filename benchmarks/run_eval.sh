@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 LIMIT="${LIMIT:-200}"
 DATA="${CAGKIT_DATA:-../shared/data}/eval"
 PAIRS="${PAIRS:-smollm2:gemma smollm2:qwen gemma:qwen qwen:gemma gemma:smollm2 qwen:smollm2}"
-METHODS="${METHODS:-native,none,source,linear,projector,mot}"
+METHODS="${METHODS:-native,none,select,source,linear,projector,mot}"
 RETRIEVAL="${RETRIEVAL:-hybrid}"  # SQuAD only: RACE gives every method the whole passage
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
@@ -47,8 +47,7 @@ for pair in smollm2:gemma smollm2:qwen gemma:qwen qwen:gemma gemma:smollm2 qwen:
 done
 cagkit report "${files[@]}" --out BENCHMARKS.md --plots docs/plots --note "$(cat benchmarks/note.md)"
 
-# Other measurements, each documented where its figures are quoted (README, docs/measurements.md,
-# docs/benchmark-history.md):
+# Other measurements, each documented in the docs/ page of its topic (placement.md, translators.md, speed.md):
 #   reuse sanity check (source = target):  cagkit eval ... --source smollm2 --target smollm2 --methods source
 #   chunks placed as stored (no repair):   cagkit eval ... --blend 0
 #   how many tokens to repair, and which:  python benchmarks/injection_depth.py --target gemma --blends ...

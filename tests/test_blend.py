@@ -1,4 +1,4 @@
-"""Cross-chunk repair (`cagkit.blend`) on tiny random models, checked against a joint prefill of the same text."""
+"""Cross-chunk repair (`cagkit.kv.repair`) on tiny random models, checked against a joint prefill of the same text."""
 
 import pytest
 import torch

@@ -4,7 +4,7 @@ cagkit keeps and translates KV as `[T, H, D]` per layer (stacked `[L, T, H, D]`)
 without a transpose. `attention` runs flash-attn on a CUDA tensor when the optional `flash-attn` package is
 installed (`pip install 'cagkit[gpu]'`) and PyTorch's scaled-dot-product attention otherwise;
 `reference_attention` is the textbook computation both are tested against. `layer_kv` gives one layer of placed
-chunks in this layout, RoPE applied: the same keys and values `cagkit.kvcache.place_chunks` writes into
+chunks in this layout, RoPE applied: the same keys and values `cagkit.kv.place.place_chunks` writes into
 transformers' `[B, H, T, D]` cache. Either flash-attn generation serves: FlashAttention-2 (`pip install
 'cagkit[gpu]'`) or FlashAttention-4 (`pip install flash-attn-4`, Hopper and Blackwell GPUs only).
 

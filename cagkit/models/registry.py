@@ -6,7 +6,7 @@ under `$CAGKIT_HOME/models/<alias>` so later loads take well under a second. Hug
 directories go straight to `from_pretrained`.
 
 Everything model-specific that the rest of cagkit needs (layers, KV heads, head dim, sliding windows, RoPE) is
-read from the model's config here and in `cagkit.rope`, never guessed from a name.
+read from the model's config here, in `cagkit.models.architecture` and in `cagkit.kv.rope`, never guessed from a name.
 """
 
 from __future__ import annotations

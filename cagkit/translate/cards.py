@@ -40,7 +40,7 @@ def train_command(source: str, target: str, kind: str = "mot") -> str:
     return f"cagkit translators train --source {source} --target {target} --corpus ../shared/data/corpus{kind_flag}"
 
 
-HELDOUT_BAR = 0.95  # issue bar: share of the no-context -> native gap that the translated context closes
+HELDOUT_BAR = 0.95  # threshold: share of the no-context -> native gap that the translated context closes
 
 
 def list_translators(directory: Path | None = None) -> list[dict]:
