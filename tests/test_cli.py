@@ -209,7 +209,7 @@ def _card(next_loss, next_kl, recall=None) -> dict:
     return {"kind": "mot", "steps": 400, "training_tokens": 25600, "heldout": heldout}
 
 
-def test_translators_list_reads_the_cards_and_judges_the_bar(tmp_path, capsys):
+def test_translators_list_reads_the_cards_and_says_which_are_near_native(tmp_path, capsys):
     cards = {"a__b": _card(0.97, 0.96, (0.7, 0.71)), "a__c": _card(1.06, 0.65), "b__a.linear": _card(0.4, 0.39),
              "c__a": {}}
     for stem, card in cards.items():
@@ -218,7 +218,7 @@ def test_translators_list_reads_the_cards_and_judges_the_bar(tmp_path, capsys):
             (tmp_path / f"{stem}.json").write_text(json.dumps(card))
     assert main(["translators", "list", "--dir", str(tmp_path), "--json"]) == 0
     rows = {(r["source"], r["target"], r["kind"]): r for r in json.loads(capsys.readouterr().out)}
-    assert {k: r["bar"] for k, r in rows.items()} == {
+    assert {k: r["near_native"] for k, r in rows.items()} == {
         ("a", "b", "mot"): "yes", ("a", "c", "mot"): "loss only", ("b", "a", "linear"): "no",
         ("c", "a", "mot"): "unknown"}
     assert rows[("a", "b", "mot")]["recall_kl"] == 0.71 and rows[("a", "c", "mot")]["recall_loss"] is None

@@ -167,7 +167,7 @@ def run_score(args) -> int:
 
 
 def run_list(args) -> int:
-    from cagkit.translate.cards import HELDOUT_BAR, list_translators, translators_dir
+    from cagkit.translate.cards import NEAR_NATIVE, list_translators, translators_dir
 
     rows = list_translators(args.dir)
     if args.json:
@@ -181,11 +181,11 @@ def run_list(args) -> int:
         return "-" if a is None or b is None else f"{a:.2f} / {b:.2f}"
 
     print(f"{'source':<8} {'target':<8} {'kind':<9} {'steps':>5} {'tokens':>7}  {'next text':>11}  {'recall':>11}  "
-          f"bar ({HELDOUT_BAR:.0%} of next text)")
+          f"near native (next text {NEAR_NATIVE:.0%})")
     for r in rows:
         tokens = f"{r['training_tokens'] / 1000:.1f}k" if r["training_tokens"] else "-"
         print(f"{r['source']:<8} {r['target']:<8} {r['kind']:<9} {r['steps'] if r['steps'] is not None else '-':>5} "
               f"{tokens:>7}  {score(r['next_loss'], r['next_kl']):>11}  {score(r['recall_loss'], r['recall_kl']):>11}  "
-              f"{r['bar']}")
+              f"{r['near_native']}")
     print("held-out recovery, loss / KL: the share of the no-context -> native gap the translated context closes")
     return 0

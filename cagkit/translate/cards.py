@@ -40,14 +40,14 @@ def train_command(source: str, target: str, kind: str = "mot") -> str:
     return f"cagkit translators train --source {source} --target {target} --corpus ../shared/data/corpus{kind_flag}"
 
 
-HELDOUT_BAR = 0.95  # threshold: share of the no-context -> native gap that the translated context closes
+NEAR_NATIVE = 0.95  # the share of the no-context -> native gap a translated context closes to count as near native
 
 
 def list_translators(directory: Path | None = None) -> list[dict]:
     """One row per checkpoint in `directory` (default `translators_dir()`), from its card alone (no weights are
     read): the pair, kind, training size and held-out recovery on next text and on recall, by loss and by KL.
 
-    `bar` says whether next-text recovery reaches `HELDOUT_BAR`: "yes" when both the loss and the KL to native
+    `near_native` says whether next-text recovery reaches `NEAR_NATIVE`: "yes" when both the loss and the KL to native
     do, "loss only" when the loss does but the KL does not (the translated context sharpened the prediction
     rather than reproducing the native one), else "no"; "unknown" when the card has no held-out scores.
     """
@@ -79,10 +79,10 @@ def list_translators(directory: Path | None = None) -> list[dict]:
             "recall_kl": (recall.get("kl_recovery") or {}).get("translated"),
         }
         if row["next_loss"] is None or row["next_kl"] is None:
-            row["bar"] = "unknown"
-        elif row["next_loss"] >= HELDOUT_BAR:
-            row["bar"] = "yes" if row["next_kl"] >= HELDOUT_BAR else "loss only"
+            row["near_native"] = "unknown"
+        elif row["next_loss"] >= NEAR_NATIVE:
+            row["near_native"] = "yes" if row["next_kl"] >= NEAR_NATIVE else "loss only"
         else:
-            row["bar"] = "no"
+            row["near_native"] = "no"
         rows.append(row)
     return rows
