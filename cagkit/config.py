@@ -12,13 +12,13 @@ from pathlib import Path
 
 from cagkit.errors import CagkitError
 
-ALIGN_MODES = ("cover", "overlap")  # cagkit.alignment: how a target token reads the source tokens
+ALIGN_MODES = ("cover", "overlap")  # cagkit.translate.alignment: how a target token reads the source tokens
 ASK_MODES = ("mot", "native", "linear", "projector", "oracle", "select")  # cagkit.ask: where the target's context comes from
 # cagkit.evaluation.runner: what `cagkit eval --methods` compares (none: no context; source: the source model answers;
 # select: the target prefills only the question's sentences, the control for every method that reads stored KV)
 EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot", "oracle")
-TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translators
-EXPERT_INPUTS = ("trunk", "depth")  # cagkit.translators: what each MoT expert reads
+TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translate.translator
+EXPERT_INPUTS = ("trunk", "depth")  # cagkit.translate.translator: what each MoT expert reads
 # cagkit.retrieval: how chunks are ranked for a question (hybrid: embedding and BM25 rankings fused)
 RETRIEVAL_MODES = ("hybrid", "dense", "lexical")
 DEFAULT_RETRIEVAL = "hybrid"
@@ -32,6 +32,8 @@ DEFAULT_STORE = Path("stores/default")
 DEFAULT_MODEL = "smollm2"  # the target `ask`, `eval` and the LlamaIndex classes answer with when none is named
 DEFAULT_TOP_K = 4  # chunks retrieved for a question
 DEFAULT_MAX_NEW_TOKENS = 64  # the longest answer, in tokens
+# Answers never repeat a sequence of this many tokens: greedy decoding's loops are cut (cagkit.generation.next_token)
+NO_REPEAT_NGRAM = 4
 DEFAULT_MODE = "mot"  # where `ask` takes the target's context from when the target is not the store's source
 # `cagkit eval`: the methods compared when none are named, and the longest answer (QA answers are short spans)
 DEFAULT_EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot")
@@ -46,12 +48,12 @@ class Placement:
     recompute_layers: translated modes only: the target recomputes its bottom this many layers over each chunk
         alone (about this share of a native prefill) and only the layers above are translated.
     blend: the share of context tokens the target recomputes through every layer with attention over all the
-        retrieved chunks (`cagkit.blend`), after prefilling its bottom two layers over them jointly; it restores
+        retrieved chunks (`cagkit.kv.repair`), after prefilling its bottom two layers over them jointly; it restores
         the cross-chunk attention that chunks stored one at a time never had. 0 = off, 1 = a joint prefill.
     blend_select: which tokens `blend` recomputes: `question` (whole sentences, most similar to the question
         first) or `deviation` (those whose layer-1 KV differs most from the joint prefill, as CacheBlend).
 
-    The defaults (15% of the tokens, chosen by the question) are what the measurements in docs/measurements.md
+    The defaults (15% of the tokens, chosen by the question) are what the measurements in docs/placement.md
     support for question answering: without them translated chunks carry the gist but not the exact spans.
     """
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cagkit.config import NO_REPEAT_NGRAM
 from cagkit.models.device import model_device, synchronize
 
 _CONTEXT_MARK = "\x00CAGKIT-CONTEXT\x00"
@@ -75,7 +76,8 @@ def generate(
 ) -> Generation:
     """Prefill `input_ids` after `cache`, then decode greedily, calling `on_text` with each new piece of text.
 
-    Base models (plain prompts) stop at the end of the answer's first line; chat models at end of turn.
+    Base models (plain prompts) stop at the end of the answer's first line; chat models at end of turn. No
+    `NO_REPEAT_NGRAM` tokens are repeated within the answer (`next_token`).
     """
     stops = stop_ids(lm)
     device = model_device(lm.model)
@@ -91,7 +93,7 @@ def generate(
     text = shown = ""
     decode_start = time.perf_counter()
     for _ in range(max_new_tokens):
-        token = int(torch.argmax(logits))
+        token = next_token(logits, out)
         if token in stops:
             break
         out.append(token)
@@ -105,6 +107,23 @@ def generate(
         shown = _emit(on_text, shown, text)
         logits = lm.model(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True).logits[0, -1]
     return Generation(text.strip(), out, prefill_s, first_token_at, time.perf_counter() - decode_start)
+
+
+def next_token(logits: torch.Tensor, out: list[int], ngram: int = NO_REPEAT_NGRAM) -> int:
+    """The greedy choice from `logits` [V] after the answer so far `out`, except a token that would repeat an
+    `ngram`-token sequence the answer already holds: then the most likely token that does not. Small models
+    otherwise fall into loops ("The answer is: The answer is: ...") that greedy decoding never leaves; a short
+    answer rarely needs to repeat four tokens in a row. `ngram` 0 turns the guard off."""
+    if ngram < 1 or len(out) < ngram - 1:
+        return int(torch.argmax(logits))
+    tail = tuple(out[len(out) - ngram + 1:])  # the n-1 tokens a new n-gram would start with
+    banned = {out[i + ngram - 1] for i in range(len(out) - ngram + 1) if tuple(out[i:i + ngram - 1]) == tail}
+    if not banned:
+        return int(torch.argmax(logits))
+    for token in torch.topk(logits, len(banned) + 1).indices.tolist():  # one of these is not banned
+        if token not in banned:
+            return token
+    raise AssertionError("unreachable: more candidates than banned tokens")
 
 
 def _emit(on_text, shown: str, text: str) -> str:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cagkit.generation import generate, prompt_parts, stop_ids
+from cagkit.generation import generate, next_token, prompt_parts, stop_ids
 from cagkit.models.loading import LoadedModel
 
 
@@ -89,3 +89,46 @@ def test_prompt_parts_surround_the_context(tiny_llama, tiny_gemma):
     assert "Question: Who built it?" in tok.decode(suffix) and tok.decode(suffix).endswith("<|im_start|>assistant\n")
     prefix, suffix = prompt_parts(tiny_gemma, "Who built it?")
     assert tok.decode(suffix).endswith("Question: Who built it?\nAnswer:")
+
+
+
+def test_next_token_never_repeats_an_ngram_of_the_answer():
+    logits = torch.tensor([0.0, 5.0, 4.0, 3.0, 1.0])  # greedy order: 1, 2, 3, 4, 0
+    assert next_token(logits, [], ngram=2) == 1
+    assert next_token(logits, [1, 3, 1], ngram=2) == 1  # after 1 only 3 is banned ("1 3" was said)
+    assert next_token(logits, [1, 1], ngram=2) == 2  # "1 1" was said: the next best
+    assert next_token(logits, [2, 1, 3, 2], ngram=3) == 1  # no trigram of the answer starts "3 2"
+    assert next_token(logits, [3, 2, 1, 4, 3, 2], ngram=3) == 2  # "3 2 1" was said
+    assert next_token(logits, [1, 1], ngram=0) == 1  # the guard off: plain greedy
+
+
+def test_a_looping_model_is_pushed_out_of_its_loop(smollm2_tokenizer):
+    """A model whose first choice is always to say its phrase again says it about twice, then its second choice:
+    greedy decoding alone would repeat the phrase until max_new_tokens."""
+    phrase = smollm2_tokenizer("The answer is:", add_special_tokens=False)["input_ids"]
+    (vienna,) = smollm2_tokenizer(" Vienna", add_special_tokens=False)["input_ids"]
+    eos = smollm2_tokenizer.eos_token_id
+
+    class Looping(torch.nn.Module):
+        generation_config = SimpleNamespace(eos_token_id=eos)
+
+        def __init__(self):
+            super().__init__()
+            self.said: list[int] = []
+
+        def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0):
+            if self.calls:
+                self.said.append(int(input_ids[0, -1]))  # the token chosen last step
+            self.calls += 1
+            logits = torch.zeros(1, 1, len(smollm2_tokenizer))
+            logits[0, -1, phrase[len(self.said) % len(phrase)]] = 2.0
+            logits[0, -1, vienna] = 1.0
+            if self.said and self.said[-1] == vienna:
+                logits[0, -1, eos] = 3.0
+            return SimpleNamespace(logits=logits)
+
+        calls = 0
+
+    lm = LoadedModel(name="looping", model=Looping(), tokenizer=smollm2_tokenizer, fingerprint="l", chat=True)
+    expected = smollm2_tokenizer.decode(phrase + phrase[:-1] + [vienna])  # the 4-gram ending in ":" is refused
+    assert generate(lm, None, [1, 2], max_new_tokens=40).text == expected.strip()
