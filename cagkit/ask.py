@@ -34,7 +34,7 @@ from cagkit.models.device import synchronize
 from cagkit.models.loading import LoadedModel, load_model
 from cagkit.retrieval.rank import check_retrieval
 from cagkit.retrieval.search import retrieve
-from cagkit.store.store import Hit, Store, StoredChunk
+from cagkit.store.store import DamagedChunkError, Hit, Store, StoredChunk
 
 
 @dataclass
@@ -49,6 +49,8 @@ class Answer:
     context_tokens: int = 0
     placement: dict = field(default_factory=dict)  # the ask-time options that shaped the context; {} for native
     retrieval: str | None = None  # how `ask` ranked the chunks (`cagkit.retrieval`); None when they were given
+    # retrieved chunks left out because their stored KV is damaged ({"document", "chunk", "error"} each)
+    skipped: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,6 +107,8 @@ def ask(
         raise CagkitError("the question is empty; pass the question as the last argument")
     if max_new_tokens < 1:
         raise CagkitError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if top_k < 1:
+        raise CagkitError(f"--top-k must be at least 1, got {top_k}")
     placement = Placement(recompute_layers, blend, blend_select)
     if mode == "select":
         SelectedSentences.check(placement)
@@ -156,7 +160,8 @@ def answer_from_chunks(
         "tokens_per_s": decoded / gen.decode_s if decoded and gen.decode_s else 0.0,
     }
     sources = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in hits]
-    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens, context.placement)
+    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens, context.placement,
+                  skipped=context.skipped)
 
 
 @dataclass
@@ -171,6 +176,7 @@ class ContextCache:
     mode: str  # the mode used: "reuse" when the target is the store's source model
     repair_s: float = 0.0  # the repair's part of `translate_s`
     placement: dict = field(default_factory=dict)  # the options that shaped it (`ContextSource.settings`)
+    skipped: list[dict] = field(default_factory=list)  # chunks left out as damaged (`load_chunks`)
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
@@ -193,7 +199,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         loaded_at = time.perf_counter()
         return ContextCache(prefix_cache(lm.model, []), prefix_ids + context_ids + suffix_ids, len(context_ids),
                             loaded_at, 0.0, source.mode, placement=source.settings(placement))
-    chunks = load_chunks(store, placed)
+    chunks, skipped = load_chunks(store, placed)
     loaded_at = time.perf_counter()
     kvs, ids = source.chunk_kv(lm, chunks)
     tables = RotaryTables(lm.model)
@@ -204,12 +210,23 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     repaired_at = time.perf_counter()
     cache = place(lm, prefix_ids, kvs, tables)
     return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, repaired_at - loaded_at,
-                        source.mode, repaired_at - translated_at, source.settings(placement))
+                        source.mode, repaired_at - translated_at, source.settings(placement), skipped)
 
 
-def load_chunks(store: Store, hits: list[Hit]) -> list[StoredChunk]:
-    """The stored chunks of `hits`, text and source KV, in the order given."""
-    return [store.load_chunk(h.chunk_id) for h in hits]
+def load_chunks(store: Store, hits: list[Hit]) -> tuple[list[StoredChunk], list[dict]]:
+    """The stored chunks of `hits`, text and source KV, in the order given, each checked against its checksum as
+    it is read, and the damaged ones left out ({"document", "chunk", "error"} each, for the answer's `skipped`);
+    when every chunk is damaged, the first one's `DamagedChunkError` (it names the fix) is raised."""
+    chunks, skipped, first = [], [], None
+    for h in hits:
+        try:
+            chunks.append(store.load_chunk(h.chunk_id))
+        except DamagedChunkError as exc:
+            first = first or exc
+            skipped.append({"document": exc.doc_path, "chunk": exc.idx, "error": str(exc)})
+    if first is not None and not chunks:
+        raise first
+    return chunks, skipped
 
 
 def repair(lm: LoadedModel, source: PlacedSource, chunks: list[StoredChunk], kvs: list[ChunkKV],

@@ -442,3 +442,10 @@ def test_command_defaults_are_the_configuration_centres(monkeypatch, tmp_path):
     assert main(["translators", "train", "--source", "a", "--target", "b", "--corpus", str(tmp_path)]) == 0
     assert dataclasses.asdict(seen["settings"]) == dataclasses.asdict(TrainSettings())
     assert seen["steps"] is None and seen["kind"] == "mot"  # None: the settings' own number of steps
+
+
+def test_top_k_below_one_is_refused_before_a_model_loads(store, capsys):
+    capsys.readouterr()
+    # an unknown model would be the error if the model were loaded first
+    assert main(["ask", "q", "--store", str(store), "--model", "no-such-model", "--top-k", "0"]) == 2
+    assert "--top-k must be at least 1, got 0" in _error_line(capsys)

@@ -325,10 +325,11 @@ def test_store_summary_and_remove(tiny_llama, docs, tmp_path, capsys):
     # a damaged file: the summary says which needs re-ingesting
     kv_file.write_bytes(kv_file.read_bytes()[:100])
     capsys.readouterr()
-    assert main(["store", "info", "--store", str(store)]) == 0
+    assert main(["store", "info", "--store", str(store)]) == 1  # a damaged store is not a healthy exit
     out = capsys.readouterr().out
-    assert "2 documents, 4 chunks" in out and "damaged" in out and "1 of 2 documents need `cagkit ingest` again" in out
-    assert main(["store", "info", "--store", str(store), "--json"]) == 0
+    assert "2 documents, 4 chunks" in out and "damaged" in out and "1 of 2 documents are damaged" in out
+    assert "cagkit store repair" in out
+    assert main(["store", "info", "--store", str(store), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["per_document"][0]["state"] == "damaged"
 
     # a path that matches nothing removes nothing and names itself

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from cagkit.models import registry as models
 from cagkit.errors import ModelError
+from cagkit.models import registry as models
 from cagkit.models.loading import fingerprint
 from cagkit.models.registry import KNOWN_MODELS, ModelSpec, describe_models, resolve
 

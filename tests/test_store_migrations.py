@@ -24,11 +24,16 @@ def _ingest(docs, store):
 
 
 def as_written_by_ca1dd3f(store):
-    """Turn a store into the layout cagkit wrote at ca1dd3f: no migrations table and KV files without sentences."""
+    """Turn a store into the layout cagkit wrote at ca1dd3f: no migrations table, KV files without sentences, and
+    no record of each chunk's file and checksum or of the files written."""
     for file in (store / "kv").iterdir():
         save_file({k: v for k, v in load_file(file).items() if "sentence" not in k}, str(file))
     with sqlite3.connect(store / "manifest.sqlite") as conn:
         conn.execute("DROP TABLE migrations")
+        conn.execute("DROP TABLE kv_files")
+        conn.execute("DROP INDEX chunks_kv_file")
+        conn.execute("ALTER TABLE chunks DROP COLUMN kv_file")
+        conn.execute("ALTER TABLE chunks DROP COLUMN checksum")
     conn.close()
 
 

@@ -33,6 +33,7 @@ from cagkit.translate.train.data import (
     recall_continuation,
 )
 from cagkit.translate.train.heldout import evaluate_translator
+from cagkit.translate.train.loop import _config_key
 from cagkit.translate.train.losses import (
     attention_loss,
     batch_losses,
@@ -40,7 +41,6 @@ from cagkit.translate.train.losses import (
     prefix_attention,
     top_bins_kl,
 )
-from cagkit.translate.train.loop import _config_key
 from cagkit.translate.train.ridge import fit_ridge, fit_statistics
 from cagkit.translate.translator import (
     LayerTranslator,

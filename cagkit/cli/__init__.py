@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from cagkit import __version__
-from cagkit.cli import ask, eval, ingest, models, store, translators
+from cagkit.cli import ask, eval, ingest, models, serve, store, translators
 from cagkit.config import Placement
 from cagkit.errors import CagkitError
 
@@ -21,7 +21,7 @@ DESCRIPTION = """Cache-augmented generation over long documents: prefill documen
 keep the KV cache in a store, and answer with any target model from translated caches."""
 
 # in the order `cagkit --help` lists them
-COMMANDS = (ingest, ask, store, models, translators, eval)
+COMMANDS = (ingest, ask, serve, store, models, translators, eval)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,4 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted; what was finished is kept (re-run to continue)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (`cagkit store info | head -1`): not an error of ours
+        try:  # so that flushing stdout at exit does not fail again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # stdout is not a file (replaced by a caller)
+            pass
+        return 141  # as a shell reports a command ended by SIGPIPE
 

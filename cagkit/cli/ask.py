@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from cagkit.cli.options import add_device_options, add_placement_options, add_retrieval_option, add_store_option
 from cagkit.config import ASK_MODES, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, DEFAULT_MODEL, DEFAULT_TOP_K, Placement
@@ -36,6 +37,9 @@ def run(args) -> int:
     result = ask(args.question, store=args.store, model=args.model, top_k=args.top_k, mode=args.mode,
                  max_new_tokens=args.max_new_tokens, on_text=stream, recompute_layers=args.recompute_layers,
                  blend=args.blend, blend_select=args.blend_select, device=args.device, retrieval=args.retrieval)
+    for skipped in result.skipped:
+        print(f"warning: skipped chunk {skipped['chunk']} of {skipped['document']}: its stored KV is damaged; run "
+              f"`cagkit store repair --store {args.store}`", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0

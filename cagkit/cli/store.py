@@ -1,20 +1,40 @@
-"""`cagkit store info` and `cagkit store remove`: what a store holds (`Store.summary`), or drop documents from it
+"""`cagkit store info|verify|repair|remove`: what a store holds (`Store.summary`), whether every part of it is
+intact (`Store.verify`), rebuild what is not (`cagkit.ingest.pipeline.repair`), or drop documents from it
 (`cagkit.ingest.pipeline.remove`)."""
 
 from __future__ import annotations
 
 import json
+import sys
 
-from cagkit.cli.options import add_store_option
+from cagkit.cli.options import add_device_options, add_store_option
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("store", help="what a store holds, or drop documents from it")
+    p = sub.add_parser("store", help="what a store holds, check or repair it, or drop documents from it")
     ssub = p.add_subparsers(dest="store_command", required=True)
-    t = ssub.add_parser("info", help="the store's settings and, per document, chunks, tokens, KV size and state")
+    t = ssub.add_parser("info", help="the store's settings and, per document, chunks, tokens, KV size and state",
+                        epilog="exit status: 0 when every document is intact, 1 when some are damaged (their KV files "
+                               "are missing or do not parse; `store verify` checks every checksum too)")
     add_store_option(t)
     t.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     t.set_defaults(func=run_info)
+    t = ssub.add_parser("verify", help="check the manifest, every KV file and every chunk's checksum",
+                        epilog="exit status: 0 when the manifest and every document are intact (orphaned files an "
+                               "interrupted ingest left are listed, and removed by the next write), 1 when something "
+                               "is damaged (each damaged document is listed; `cagkit store repair` rebuilds them)")
+    add_store_option(t)
+    t.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    t.set_defaults(func=run_verify)
+    t = ssub.add_parser("repair", help="re-ingest damaged documents whose files still exist and remove KV files "
+                                       "cagkit left that no document uses",
+                        epilog="exit status: 0 when the store is intact after it, 1 when some damaged documents could "
+                               "not be rebuilt (each is named with what to do)")
+    add_store_option(t)
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--wait", action="store_true", help="when another cagkit process is writing the store, wait for it")
+    add_device_options(t)
+    t.set_defaults(func=run_repair)
     t = ssub.add_parser("remove", help="drop documents (by file, or every one under a folder) without re-ingesting")
     t.add_argument("paths", nargs="+", help="stored documents: their files or folders, or ids given to ingest_texts")
     add_store_option(t)
@@ -26,9 +46,10 @@ def run_info(args) -> int:
 
     with Store.open(args.store) as st:
         info = st.summary()
+    damaged = sum(d["state"] != "ok" for d in info["per_document"])
     if args.json:
         print(json.dumps(info))
-        return 0
+        return 1 if damaged else 0
     s = info["settings"]
     print(f"{info['store']}: {info['documents']} documents, {info['chunks']} chunks, {info['tokens']} tokens, "
           f"{info['bytes'] / 1e6:.1f} MB")
@@ -38,11 +59,56 @@ def run_info(args) -> int:
         print(f"\n{'chunks':>6} {'tokens':>7} {'KV MB':>7}  {'state':<12}  document")
     for d in info["per_document"]:
         print(f"{d['chunks']:>6} {d['tokens']:>7} {d['kv_bytes'] / 1e6:>7.1f}  {d['state']:<12}  {d['path']}")
-    stale = sum(d["state"] != "ok" for d in info["per_document"])
-    if stale:
-        print(f"\n{stale} of {info['documents']} documents need `cagkit ingest` again (damaged ones are rebuilt, "
-              f"older ones get the sentence embeddings the default repair selects by)")
-    return 0
+    if damaged:
+        print(f"\n{damaged} of {info['documents']} documents are damaged; `cagkit store repair --store {args.store}` "
+              f"rebuilds them (`cagkit store verify` also checks every checksum)")
+    return 1 if damaged else 0
+
+
+def run_verify(args) -> int:
+    from cagkit.store.store import DamagedManifestError, Store
+
+    try:
+        with Store.open(args.store) as st:
+            found = st.verify()
+    except DamagedManifestError as exc:  # damaged, not an error of the command: reported as a finding
+        found = {"store": str(args.store), "ok": False, "manifest": str(exc), "documents": [], "damaged": [],
+                 "orphans": [], "missing": [], "foreign": []}
+    if args.json:
+        print(json.dumps(found))
+        return 0 if found["ok"] else 1
+    print(f"{found['store']}: manifest {found['manifest']}; {len(found['documents'])} documents, "
+          f"{len(found['damaged'])} damaged, {len(found['orphans'])} orphaned KV files, "
+          f"{len(found['missing'])} missing KV files")
+    for d in found["documents"]:
+        if d["state"] != "ok":
+            problems = d["problems"]
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            print(f"damaged {d['path']}: {'; '.join(problems[:3])}{more}")
+    for name in found["orphans"]:
+        print(f"orphan kv/{name}: left by an interrupted cagkit write, used by no document (the next ingest or "
+              f"repair removes it)")
+    for name in found["foreign"]:
+        print(f"not cagkit's: kv/{name} (left alone)")
+    if not found["ok"]:
+        print(f"`cagkit store repair --store {args.store}` rebuilds damaged documents whose files still exist and "
+              f"removes orphaned files", file=sys.stderr)
+    return 0 if found["ok"] else 1
+
+
+def run_repair(args) -> int:
+    from cagkit.ingest.pipeline import repair
+
+    found, report = repair(args.store, progress=not args.quiet, device=args.device, wait=args.wait)
+    for path in report.updated:
+        print(f"rebuilt {path}")
+    for name in report.orphans:
+        print(f"removed kv/{name} (written by cagkit, used by no document)")
+    for path, reason in report.failed:
+        print(f"not rebuilt {path}: {reason}", file=sys.stderr)
+    print(f"{len(report.updated)} of {len(found['damaged'])} damaged documents rebuilt, {len(report.orphans)} orphaned "
+          f"files removed -> {args.store}")
+    return 1 if report.failed else 0
 
 
 def run_remove(args) -> int:

@@ -22,6 +22,7 @@ class Chunk:
 
 
 MIN_CHUNK_TOKENS = 16
+_MAX_TOKEN_CHARS = 64  # more characters per token, on average over a piece, than any tokenizer gives
 
 
 def check_chunk_tokens(chunk_tokens: int) -> None:
@@ -31,15 +32,19 @@ def check_chunk_tokens(chunk_tokens: int) -> None:
                           f"the default is {DEFAULT_CHUNK_TOKENS}")
 
 
-def chunk_text(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> list[Chunk]:
+def chunk_text(text: str, count_tokens: Callable[[str], int], max_tokens: int,
+               token_ends: Callable[[str], list[int]] | None = None) -> list[Chunk]:
     """Split text into ordered, non-overlapping chunks of at most max_tokens tokens each.
 
     Whole paragraphs are packed greedily; a paragraph too long is split at sentences, a sentence at
-    words, a word at characters. Chunks never start or end with whitespace.
+    words, a word at characters. Chunks never start or end with whitespace. `token_ends` (the character offset
+    where each token of a string ends) lets a word too long for one chunk be cut at a token boundary with two
+    tokenizer calls per chunk; without it the cut is searched for with `count_tokens`. Either way the time is
+    linear in the text's length: a piece longer than `max_tokens` tokens could possibly be is never counted whole.
     """
     if max_tokens < 1:
         raise CagkitError(f"chunk size {max_tokens} is too small; use at least 1 token")
-    chunker = _Chunker(text, count_tokens, max_tokens)
+    chunker = _Chunker(text, count_tokens, max_tokens, token_ends)
     return chunker.pack(chunker.pieces((0, len(text)), _SEPARATORS[0]), 0)
 
 
@@ -62,10 +67,15 @@ def sentence_spans(text: str) -> list[Span]:
 class _Chunker:
     """Packs pieces of one text into chunks under a token budget."""
 
-    def __init__(self, text: str, count_tokens: Callable[[str], int], max_tokens: int) -> None:
+    def __init__(self, text: str, count_tokens: Callable[[str], int], max_tokens: int,
+                 token_ends: Callable[[str], list[int]] | None = None) -> None:
         self.text = text
         self.count_tokens = count_tokens
         self.max_tokens = max_tokens
+        self.token_ends = token_ends
+        # Longer pieces are over budget without counting: no tokenizer's tokens average this many characters, and
+        # counting a 2 MB line whole at each level of splitting is what made such a line take minutes.
+        self.count_limit = max(_MAX_TOKEN_CHARS * max_tokens, 1 << 16)
 
     def fits(self, start: int, end: int) -> bool:
         """Whether text[start:end] is within the budget (one tokenizer call)."""
@@ -99,7 +109,8 @@ class _Chunker:
     def pack(self, pieces: list[Span], level: int) -> list[Chunk]:
         """Greedily pack consecutive pieces into chunks; pieces too long on their own are split finer."""
         # Count each piece once; a packed chunk's estimate is the sum, checked by one call in fitting_prefix.
-        counts = [self.count_tokens(self.text[start:end]) for start, end in pieces]
+        counts = [self.count_tokens(self.text[start:end]) if end - start <= self.count_limit else self.max_tokens + 1
+                  for start, end in pieces]
         chunks: list[Chunk] = []
         i = 0
         while i < len(pieces):
@@ -151,6 +162,10 @@ class _Chunker:
                 f"chunk size {self.max_tokens} is too small: the character {self.text[start]!r} alone "
                 "is over it; use a larger chunk size"
             )
+        if self.token_ends is not None:
+            stop = self.cut_at_tokens(start, end)
+            if stop is not None:
+                return stop
         good, bad = start + 1, end + 1  # end + 1: nothing has failed yet
         probe = min(end, start + max(2, self.max_tokens))
         while probe > good:
@@ -166,6 +181,25 @@ class _Chunker:
             else:
                 bad = middle
         return good
+
+    def cut_at_tokens(self, start: int, end: int) -> int | None:
+        """The end of the longest run of whole tokens from `start` that fits, found by tokenizing a window a little
+        longer than a chunk; None when no cut near the budget fits alone (the caller searches then)."""
+        window = 8 * self.max_tokens
+        while True:
+            stop = min(end, start + window)
+            ends = [e for e in self.token_ends(self.text[start:stop]) if e > 0]
+            if len(ends) > self.max_tokens or stop == end:
+                break
+            window *= 4
+        if len(ends) <= self.max_tokens:  # the rest of the span is one chunk
+            return end if self.fits(start, end) else None
+        # The prefix's own tokens can differ from the window's at the cut: back off a few tokens if it is over.
+        for k in range(self.max_tokens, max(self.max_tokens - 8, 0), -1):
+            cut = start + ends[k - 1]
+            if start < cut <= end and self.fits(start, cut):
+                return cut
+        return None
 
     def chunk(self, start: int, end: int) -> Chunk:
         """The chunk covering text[start:end]."""

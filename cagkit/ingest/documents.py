@@ -38,7 +38,7 @@ def find_documents(paths: Iterable[str | Path]) -> list[Path]:
         path = Path(raw)
         names.append(str(raw))
         if not path.exists():
-            raise CagkitError(f"{raw}: no such file or folder; check the path")
+            raise CagkitError(_missing(raw, path))
         if path.is_dir():
             found.update(_walk(path))
         elif path.suffix.lower() in SUPPORTED_SUFFIXES:
@@ -56,6 +56,20 @@ def find_documents(paths: Iterable[str | Path]) -> list[Path]:
             "point at files or folders that contain some"
         )
     return sorted(found)
+
+
+def _missing(raw, path: Path) -> str:
+    """Why `path` cannot be read, for a path that does not exist: a symbolic link loop, a broken link, or nothing."""
+    import errno
+
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{raw}: a symbolic link loop (following it leads back to itself); point at the real file or folder"
+    if path.is_symlink():
+        return f"{raw}: a broken symbolic link (to {os.readlink(path)}, which does not exist); fix the link or the path"
+    return f"{raw}: no such file or folder; check the path"
 
 
 def _walk(root: Path) -> list[Path]:

@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
-from cagkit.ingest.chunking import check_chunk_tokens, chunk_text
+from cagkit.ingest.chunking import Chunk, check_chunk_tokens, chunk_text
 from cagkit.ingest.documents import find_documents, read_document
 from cagkit.kv.prefill import prefill_kv_batch
 from cagkit.kv.rope import RotaryTables
 from cagkit.models.loading import load_model
 from cagkit.retrieval.embeddings import EMBEDDER_NAME, embed_with_sentences
-from cagkit.store.store import NewChunk, Store, StoreSettings, check_dtype
+from cagkit.store.store import DamagedManifestError, NewChunk, Store, StoreSettings, check_dtype
 
 
 @dataclass
@@ -32,6 +33,7 @@ class IngestReport:
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     upgraded: list[str] = field(default_factory=list)  # documents whose KV files the store's migrations rewrote
+    orphans: list[str] = field(default_factory=list)  # leftover KV files of cagkit's own removed from kv/
     failed: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
     chunks: int = 0
     tokens: int = 0
@@ -60,16 +62,18 @@ def ingest(
         store: the store directory; created on first use.
         source: the model that prefills the chunks (alias, Hugging Face id or model directory).
         chunk_tokens: the most source tokens in one chunk.
-        prune: drop documents from the store whose files are no longer under `paths`.
+        prune: drop documents from the store whose files no longer exist (documents added by `ingest_texts`,
+            which have ids rather than files, are kept).
         dtype: how KV is stored: float16 (default), bfloat16 or float32.
         progress: draw a progress bar on stderr.
         device: where the source model prefills: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a
             GPU), `cpu`, `cuda` or `cuda:N`. The stored KV is the same either way, up to rounding.
         wait: when another process is writing `store`, wait for it to finish instead of raising `StoreError`.
 
-    Unchanged files (same content hash, intact KV file) are skipped; a file that cannot be read is skipped with
-    a warning and listed in the report. Each document is committed on its own, so an interrupted run keeps what
-    it finished and the next run does the rest.
+    Unchanged files (same content hash, stored chunks matching their checksums) are skipped; a file that cannot
+    be read is skipped with a warning and listed in the report. Each document is committed on its own, so an
+    interrupted run keeps what it finished and the next run does the rest (a long document it was writing is
+    begun again).
     """
     files = find_documents(paths)
     report = IngestReport()
@@ -85,8 +89,13 @@ def ingest(
                 continue
             yield str(file.resolve()), text, None
 
-    keep = {str(f.resolve()) for f in files} if prune else None
+    keep = _still_there if prune else None
     return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress, device, wait)
+
+
+def _still_there(path: str) -> bool:
+    """Whether a stored document's file still exists; an id that is not a file's path (`ingest_texts`) is kept."""
+    return not os.path.isabs(path) or os.path.lexists(path)
 
 
 def ingest_texts(
@@ -113,7 +122,15 @@ def ingest_texts(
     """
     report = IngestReport()
     docs: dict[str, tuple[str, str, dict | None]] = {}
-    for doc_id, text, *rest in items:
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+            raise CagkitError(f"ingest_texts item {str(item)[:80]!r} is not (doc_id, text) or (doc_id, text, metadata)")
+        doc_id, text, *rest = item
+        if not isinstance(doc_id, str) or not doc_id.strip():
+            raise CagkitError(f"document id {doc_id!r} is not a non-empty string; give every document a string id "
+                              f"such as its file name")
+        if not isinstance(text, str):
+            raise CagkitError(f"the text of document {doc_id} is a {type(text).__name__}, not a string; pass its text")
         if doc_id in docs:
             raise CagkitError(f"document id {doc_id} appears twice; give every document its own id")
         try:
@@ -130,7 +147,8 @@ def ingest_texts(
             report.failed.append((doc_id, reason))
             continue
         docs[doc_id] = (doc_id, text, metadata)
-    keep = set(docs) | {doc_id for doc_id, _ in report.failed} if prune else None
+    kept = set(docs) | {doc_id for doc_id, _ in report.failed}
+    keep = kept.__contains__ if prune else None
     return _ingest_documents(docs.values(), report, store, source, chunk_tokens, keep, dtype, progress, device)
 
 
@@ -140,13 +158,19 @@ def _ingest_documents(
     store: str | Path,
     source: str,
     chunk_tokens: int,
-    keep: set[str] | None,
+    keep: Callable[[str], bool] | None,
     dtype: str,
     progress: bool,
     device: str | None = None,
     wait: bool = False,
+    rebuild: set[str] = frozenset(),
 ) -> IngestReport:
-    """Prefill and store each new or changed `(key, text, metadata)`; with `keep`, remove stored documents not in it."""
+    """Prefill and store each new or changed `(key, text, metadata)`, and those in `rebuild` whatever their state;
+    with `keep`, remove stored documents for which it is false.
+
+    An unchanged document is skipped only when its stored chunks match their checksums. A document's chunks are
+    prefilled and written in parts of about `PART_TOKENS` tokens, so memory does not grow with its length; it is
+    committed once all its parts are written (an interrupted one is begun again by the next run)."""
     check_chunk_tokens(chunk_tokens)
     check_dtype(dtype)  # before the model loads, not at the first write
     lm = load_model(source, device)
@@ -156,36 +180,72 @@ def _ingest_documents(
     tables = RotaryTables(lm.model)
     with Store.open_for_writing(store, settings, wait=wait) as st:
         report.upgraded = st.upgraded
+        report.orphans = st.removed
         todo = []
         for key, text, metadata in docs:
             sha = hashlib.sha256(text.encode()).hexdigest()
             old = st.document(key)
-            if old is not None and old.sha256 == sha and old.metadata == (metadata or {}) and st.is_intact(old):
+            if (key not in rebuild and old is not None and old.sha256 == sha and old.metadata == (metadata or {})
+                    and st.is_intact(old, checksums=True)):
                 report.unchanged.append(key)
                 continue
-            todo.append((key, text, sha, metadata, old is not None))
-        bar = _progress_bar(todo, lm, progress)
-        for key, text, sha, metadata, existed in todo:
-            chunks = prefill_chunks(lm, tables, chunk_text(text, lm.count_tokens, chunk_tokens))
-            vectors, sentences = embed_with_sentences([c.text for c in chunks])
-            for chunk, kept in zip(chunks, sentences):
-                chunk.sentences = kept
-            st.write_document(key, sha, chunks, vectors, metadata)
+            chunks = chunk_text(text, lm.count_tokens, chunk_tokens, token_ends=_token_ends(lm))
+            todo.append((key, sha, metadata, old is not None, chunks, [lm.count_tokens(c.text) for c in chunks]))
+        bar = _progress_bar(sum(sum(counts) for *_, counts in todo), lm, progress)
+        # a GPU prefills a whole batch in one pass: a part holds at least one batch
+        part_budget = max(PART_TOKENS, GPU_BATCH_TOKENS) if lm.device.type == "cuda" else PART_TOKENS
+        for key, sha, metadata, existed, chunks, counts in todo:
+            with st.document_writer(key, sha, metadata) as writer:
+                for part, part_tokens in _parts(chunks, counts, part_budget):
+                    new = prefill_chunks(lm, tables, part)
+                    vectors, sentences = embed_with_sentences([c.text for c in new])
+                    for chunk, kept in zip(new, sentences):
+                        chunk.sentences = kept
+                    writer.add(new, vectors)
+                    done = sum(len(c.token_ids) for c in new)
+                    report.tokens += done
+                    del new, vectors, sentences
+                    if bar is not None:
+                        bar.update(part_tokens)
+                        bar.set_postfix(tok_s=f"{report.tokens / (time.perf_counter() - started):.0f}")
+                writer.commit()
             (report.updated if existed else report.added).append(key)
-            report.chunks += len(chunks)
-            report.tokens += sum(len(c.token_ids) for c in chunks)
-            if bar is not None:
-                bar.update(len(text))
-                bar.set_postfix(tok_s=f"{report.tokens / (time.perf_counter() - started):.0f}")
+            report.chunks += writer.chunks
         if bar is not None:
             bar.close()
         if keep is not None:
             for doc in st.documents():
-                if doc.path not in keep:
+                if not keep(doc.path):
                     st.remove_document(doc.path)
                     report.removed.append(doc.path)
     report.seconds = time.perf_counter() - started
     return report
+
+
+# Source tokens prefilled and written to one KV file at a time: what a long document holds in memory at once.
+PART_TOKENS = 4096
+
+
+def _token_ends(lm) -> Callable[[str], list[int]]:
+    """Where each of `lm`'s tokens of a string ends (a character offset), for cutting text at token boundaries."""
+    def ends(text: str) -> list[int]:
+        return [end for _, end in lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+
+    return ends
+
+
+def _parts(chunks: list[Chunk], counts: list[int], budget: int) -> Iterable[tuple[list[Chunk], int]]:
+    """Consecutive runs of `chunks` of at most `budget` tokens together (at least one chunk each), with their
+    token counts."""
+    part, total = [], 0
+    for chunk, count in zip(chunks, counts):
+        if part and total + count > budget:
+            yield part, total
+            part, total = [], 0
+        part.append(chunk)
+        total += count
+    if part:
+        yield part, total
 
 
 # Tokens prefilled in one forward pass on a GPU; on the CPU one chunk at a time (batching saves nothing there).
@@ -210,13 +270,13 @@ def prefill_chunks(lm, tables, chunks, batch_tokens: int | None = None) -> list[
             for c, enc, kv in zip(chunks, encoded, kvs, strict=True)]
 
 
-def _progress_bar(todo, lm, enabled):
-    if not enabled or not todo:
+def _progress_bar(tokens: int, lm, enabled: bool):
+    """A bar of the source tokens to prefill, moved as each part of a document is written."""
+    if not enabled or not tokens:
         return None
     from tqdm import tqdm
 
-    total = sum(len(text) for _, text, _, _, _ in todo)
-    return tqdm(total=total, unit="char", unit_scale=True, desc=f"prefill ({lm.name})", file=sys.stderr)
+    return tqdm(total=tokens, unit="tok", unit_scale=True, desc=f"prefill ({lm.name})", file=sys.stderr)
 
 
 def remove(paths: list[str | Path], store: str | Path = DEFAULT_STORE) -> list[str]:
@@ -243,3 +303,39 @@ def remove(paths: list[str | Path], store: str | Path = DEFAULT_STORE) -> list[s
         for path in chosen:
             st.remove_document(path)
     return chosen
+
+
+def repair(store: str | Path = DEFAULT_STORE, progress: bool = True, device: str | None = None,
+           wait: bool = False) -> tuple[dict, IngestReport]:
+    """Rebuild what `Store.verify` finds damaged: each damaged document whose source file still exists is ingested
+    again (with the store's own source model and settings), and the KV files cagkit wrote that no document uses
+    are removed. Returns the verification before the repair and the ingest's report: `updated` the rebuilt
+    documents, `orphans` the files removed, `failed` the damaged documents that could not be rebuilt (their
+    files are gone, or they were given as text) with what to do.
+
+    A damaged manifest cannot be rebuilt from the KV files: that is a StoreError naming what to do."""
+    with Store.open(store) as st:
+        found = st.verify()
+        settings = st.settings
+    if found["manifest"] != "ok":
+        raise DamagedManifestError(f"store manifest {Path(store) / 'manifest.sqlite'} is damaged ({found['manifest']}); "
+                                   f"repair cannot rebuild it: move the store aside and re-run `cagkit ingest DOCS "
+                                   f"--store {store}`")
+    report = IngestReport()
+    texts = []
+    for path in found["damaged"]:
+        if not (os.path.isabs(path) and os.path.isfile(path)):
+            report.failed.append((path, f"damaged and its source is not a file here; ingest it again, or drop it with "
+                                        f"`cagkit store remove {path} --store {store}`"))
+            continue
+        try:
+            texts.append((path, read_document(Path(path)), None))
+        except DocumentError as exc:
+            report.failed.append((path, str(exc)))
+    if not texts:  # nothing to prefill: opening for writing removes the orphans, and no model is needed
+        with Store.open_for_writing(store, settings, wait=wait) as st:
+            report.orphans = st.removed
+        return found, report
+    _ingest_documents(texts, report, store, settings.source, settings.chunk_tokens, None, settings.dtype, progress,
+                      device, wait, rebuild={path for path, _, _ in texts})
+    return found, report

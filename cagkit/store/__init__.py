@@ -1,5 +1,17 @@
-"""The persistent store: a SQLite manifest of documents and chunks beside one safetensors file of KV per chunk."""
+"""The persistent store: a SQLite manifest of documents and chunks beside safetensors files of their KV, each chunk
+checked against its checksum as it is read."""
 
-from cagkit.store.store import Document, Hit, NewChunk, Store, StoredChunk, StoreSettings
+from cagkit.store.store import (
+    DamagedChunkError,
+    DamagedManifestError,
+    Document,
+    DocumentWriter,
+    Hit,
+    NewChunk,
+    Store,
+    StoredChunk,
+    StoreSettings,
+)
 
-__all__ = ["Document", "Hit", "NewChunk", "Store", "StoreSettings", "StoredChunk"]
+__all__ = ["DamagedChunkError", "DamagedManifestError", "Document", "DocumentWriter", "Hit", "NewChunk", "Store",
+           "StoreSettings", "StoredChunk"]

@@ -68,7 +68,41 @@ def m002_sentence_embeddings(path: Path, conn: sqlite3.Connection) -> list[str]:
     return upgraded
 
 
-MIGRATIONS: list[Migration] = [m001_create_tables, m002_sentence_embeddings]
+def m003_chunk_files_and_checksums(path: Path, conn: sqlite3.Connection) -> list[str]:
+    """Each chunk names the KV file that holds it (`chunks.kv_file`: a long document is written in parts, one
+    file each) and the checksum of its tensors (`chunks.checksum`, see `cagkit.store.kvfile`), and every KV file
+    cagkit wrote is recorded in `kv_files`, the only files in the folder cagkit ever deletes.
+
+    Existing chunks get their document's file, and their checksums are computed here from the files as they are
+    (one read of each KV file); a chunk whose file does not open or lacks its tensors gets none, so `verify`
+    reports its document damaged and the next ingest or `store repair` rebuilds it. Files two documents with the
+    same text shared stay shared: a file is deleted only once no chunk is in it. No KV file is rewritten."""
+    from cagkit.store.kvfile import chunk_checksums
+    from cagkit.store.store import _CHUNK_TENSORS
+
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(chunks)").fetchall()}
+    with conn:
+        if "kv_file" not in columns:
+            conn.execute("ALTER TABLE chunks ADD COLUMN kv_file TEXT")
+        if "checksum" not in columns:
+            conn.execute("ALTER TABLE chunks ADD COLUMN checksum TEXT")
+        conn.execute("CREATE TABLE IF NOT EXISTS kv_files (name TEXT PRIMARY KEY, written_at REAL NOT NULL)")
+        conn.execute("CREATE INDEX IF NOT EXISTS chunks_kv_file ON chunks(kv_file)")
+        conn.execute("UPDATE chunks SET kv_file = (SELECT d.kv_file FROM documents d WHERE d.id = chunks.doc_id) "
+                     "WHERE kv_file IS NULL")
+        conn.execute("INSERT OR IGNORE INTO kv_files (name, written_at) SELECT DISTINCT kv_file, ? FROM chunks "
+                     "WHERE kv_file IS NOT NULL", (time.time(),))
+    for (name,) in conn.execute("SELECT DISTINCT kv_file FROM chunks WHERE checksum IS NULL").fetchall():
+        indices = [r[0] for r in conn.execute("SELECT DISTINCT idx FROM chunks WHERE kv_file = ? AND checksum IS NULL",
+                                              (name,)).fetchall()]
+        sums = chunk_checksums(path / "kv" / name, indices, _CHUNK_TENSORS)
+        with conn:
+            conn.executemany("UPDATE chunks SET checksum = ? WHERE kv_file = ? AND idx = ? AND checksum IS NULL",
+                             [(sums[i], name, i) for i in indices if sums[i] is not None])
+    return []
+
+
+MIGRATIONS: list[Migration] = [m001_create_tables, m002_sentence_embeddings, m003_chunk_files_and_checksums]
 
 
 def sentence_tensors(index: int, sentences: tuple) -> dict:

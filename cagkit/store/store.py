@@ -1,39 +1,51 @@
-"""The persistent KV store: one safetensors file per document, an SQLite manifest for everything else.
+"""The persistent KV store: safetensors files of chunk KV, an SQLite manifest for everything else.
 
 Layout of a store directory:
 
     manifest.sqlite     settings (format version, source model and fingerprint, dtype, chunking),
-                        documents (path, content hash, KV file, metadata) and chunks (text, offsets, embedding)
-    kv/<hash>.safetensors   per chunk i: `{i}.keys`, `{i}.values` [L, T, H, D] RoPE-free,
+                        documents (path, content hash, metadata), chunks (text, offsets, embedding, the KV file
+                        that holds the chunk and the checksum of its tensors) and kv_files (every KV file
+                        cagkit wrote into kv/, recorded before it is written)
+    kv/<hash>-<write>.<part>.safetensors   per chunk i: `{i}.keys`, `{i}.values` [L, T, H, D] RoPE-free,
                         `{i}.token_ids` [T] int32, `{i}.offsets` [T, 2] int32 (char spans in the chunk text),
                         `{i}.sentences` [S, 2] int32 char spans of the chunk's sentences with
                         `{i}.sentence_embeddings` [S, E] float16 (absent only where written without an embedder)
 
+A document's chunks are written in parts of a few thousand tokens, one file each, as they are prefilled, so a
+book needs no more memory than a page. Every write of a document gets files of its own, never shared with
+another document or another version of it. The manifest itself marks the folder as a store: cagkit adds to a
+folder only when it holds a manifest or is new or empty, and deletes only KV files it recorded in `kv_files` (and
+the temporaries of those), never anything else in the folder.
+
 The format changes by numbered migrations (`cagkit.store.migrations`), applied when a store is opened.
 
-Writes are crash-safe: a document's KV file is written under a temporary name and renamed into place, and only
-then is it recorded in the manifest, in one transaction. An interrupted ingest leaves the manifest pointing at
-complete files only; stray files from it are removed the next time the store is opened for writing.
+Writes are crash-safe: each KV file is written under a temporary name and renamed into place, and only once all
+of a document's files are complete is it recorded in the manifest, in one transaction. An interrupted ingest
+leaves the manifest pointing at complete files only; the files it had begun are removed the next time the store
+is opened for writing. Each chunk's checksum is verified as it is loaded (`load_chunk`) and by `verify`.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import re
+import secrets
 import sqlite3
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
-from safetensors import safe_open
 
 from cagkit.config import KV_DTYPES
 from cagkit.errors import StoreError
-from cagkit.files import save_safetensors
+from cagkit.files import is_temporary, save_safetensors
 from cagkit.store import migrations
+from cagkit.store.kvfile import DamagedFile, KVFile, chunk_checksums, to_torch
 
 if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit store info` starts at once
     import torch
@@ -118,6 +130,19 @@ class NewChunk:
     sentences: tuple[np.ndarray, np.ndarray] | None = None  # sentence char spans [S, 2], embeddings [S, E]
 
 
+class DamagedManifestError(StoreError):
+    """A store whose manifest SQLite cannot read."""
+
+
+class DamagedChunkError(StoreError):
+    """A stored chunk whose KV file is missing, does not parse, or does not match the checksum recorded for it."""
+
+    def __init__(self, message: str, doc_path: str, idx: int):
+        super().__init__(message)
+        self.doc_path = doc_path
+        self.idx = idx
+
+
 class Store:
     """A directory of stored chunk KV caches. Open with `Store.open` (read) or `Store.open_for_writing`."""
 
@@ -128,6 +153,7 @@ class Store:
         self._index: _SearchIndex | None = None  # what search ranks, read from the manifest on first use
         self._lock = None  # held while open for writing, so two ingests never interleave
         self.upgraded: list[str] = []  # documents whose KV files migrations rewrote as this opened the store
+        self.removed: list[str] = []  # leftover KV files of cagkit's own removed as this opened it for writing
 
     # -- opening -------------------------------------------------------------------------------------------
 
@@ -136,6 +162,8 @@ class Store:
         """Open an existing store for reading; a missing or foreign directory is a StoreError."""
         path = Path(path)
         manifest = path / "manifest.sqlite"
+        if path.exists() and not path.is_dir():
+            raise StoreError(f"store {path} is a file, not a store folder; give the folder of a cagkit store as --store")
         if not manifest.exists():
             raise StoreError(f"no cagkit store at {path} (no manifest.sqlite); create one with `cagkit ingest DOCS --store {path}`")
         conn = _connect(manifest)
@@ -148,26 +176,44 @@ class Store:
     @classmethod
     def open_for_writing(cls, path: str | Path, settings: StoreSettings, wait: bool = False) -> "Store":
         """Create the store, or open it after checking it was built with the same `settings`. While another
-        process writes it: a `StoreError`, or with `wait` a wait until that process is done."""
+        process writes it: a `StoreError`, or with `wait` a wait until that process is done.
+
+        A folder that is neither a store (it has no manifest) nor new or empty is refused: cagkit writes only into
+        folders that are its own."""
         path = Path(path)
-        (path / "kv").mkdir(parents=True, exist_ok=True)
+        _check_store_folder(path)
+        try:
+            (path / "kv").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _write_error(path, exc) from None
+        _check_writable(path)
         lock = _lock_for_writing(path, wait)
-        manifest = path / "manifest.sqlite"
-        conn = _connect(manifest)
-        upgraded = migrations.apply(conn, path)
-        existing = _read_settings(conn, manifest)
-        if existing is None:
-            with conn:
-                conn.executemany(
-                    "INSERT OR REPLACE INTO settings VALUES (?, ?)",
-                    [(k, json.dumps(v)) for k, v in settings.__dict__.items()],
-                )
-        else:
-            _check_compatible(path, existing, settings)
-        store = cls(path, conn, existing or settings)
-        store._lock = lock
-        store.upgraded = upgraded
-        store._remove_strays()
+        conn = None
+        try:
+            manifest = path / "manifest.sqlite"
+            conn = _connect(manifest)
+            try:
+                upgraded = migrations.apply(conn, path)
+            except OSError as exc:
+                raise _write_error(path, exc) from None
+            existing = _read_settings(conn, manifest)
+            if existing is None:
+                with conn:
+                    conn.executemany(
+                        "INSERT OR REPLACE INTO settings VALUES (?, ?)",
+                        [(k, json.dumps(v)) for k, v in settings.__dict__.items()],
+                    )
+            else:
+                _check_compatible(path, existing, settings)
+            store = cls(path, conn, existing or settings)
+            store._lock = lock
+            store.upgraded = upgraded
+            store.removed = store._remove_strays()
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            lock.close()
+            raise
         return store
 
     def close(self) -> None:
@@ -198,19 +244,53 @@ class Store:
     def num_chunks(self) -> int:
         return self._conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
 
-    def is_intact(self, doc: Document) -> bool:
-        """True when the document's KV file opens and holds every chunk the manifest lists."""
-        names = self._kv_names(doc)
-        return names is not None and all(f"{i}.{t}" in names for i in range(doc.n_chunks) for t in _CHUNK_TENSORS)
+    def kv_files(self, doc: Document) -> list[str]:
+        """The names of the KV files (in `kv/`) that hold `doc`'s chunks, in chunk order."""
+        rows = self._conn.execute("SELECT kv_file FROM chunks WHERE doc_id = ? ORDER BY idx", (doc.id,)).fetchall()
+        return list(dict.fromkeys(r[0] for r in rows if r[0] is not None))
 
-    def _kv_names(self, doc: Document) -> set[str] | None:
-        """The tensor names in `doc`'s KV file, or None when it does not open (any failure to parse means the
-        file cannot be trusted)."""
-        try:  # numpy: listing names reads no tensor, and the "pt" framework would import PyTorch
-            with safe_open(self.path / "kv" / doc.kv_file, framework="numpy") as f:
-                return set(f.keys())
-        except Exception:
-            return None
+    def is_intact(self, doc: Document, checksums: bool = False) -> bool:
+        """True when every chunk the manifest lists for `doc` is in a KV file that opens, with all its tensors and
+        a recorded checksum; with `checksums` its tensors' bytes are read and must match that checksum too."""
+        return not self.check_document(doc, checksums)
+
+    def check_document(self, doc: Document, checksums: bool = True) -> list[str]:
+        """What is wrong with `doc`'s stored chunks, one line each; [] when nothing is. Without `checksums` only
+        the files' headers are read (cheap), so changed tensor bytes go unnoticed."""
+        rows = self._conn.execute("SELECT idx, kv_file, checksum FROM chunks WHERE doc_id = ? ORDER BY idx",
+                                  (doc.id,)).fetchall()
+        problems = []
+        if [r[0] for r in rows] != list(range(doc.n_chunks)):
+            problems.append(f"the manifest lists {len(rows)} chunks of {doc.n_chunks}")
+        files: dict[str, KVFile | str] = {}
+        for idx, kv_file, checksum in rows:
+            if kv_file is None or checksum is None:
+                problems.append(f"chunk {idx}: no checksum recorded (its KV file was damaged when checksums were added)")
+                continue
+            if kv_file not in files:
+                try:
+                    files[kv_file] = KVFile(self.path / "kv" / kv_file)
+                except DamagedFile as exc:
+                    files[kv_file] = str(exc)
+            file = files[kv_file]
+            if isinstance(file, str):
+                problems.append(f"chunk {idx}: KV file {kv_file} is {file}" if file == "missing"
+                                else f"chunk {idx}: KV file {kv_file} does not parse ({file})")
+                continue
+            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in file.tensors]
+            if missing:
+                problems.append(f"chunk {idx}: KV file {kv_file} lacks its {', '.join(missing)}")
+            elif checksums:
+                try:
+                    if file.checksum(idx) != checksum:
+                        problems.append(f"chunk {idx}: its tensors in KV file {kv_file} do not match their checksum")
+                except DamagedFile as exc:
+                    problems.append(f"chunk {idx}: KV file {kv_file}: {exc}")
+        return problems
+
+    def document_writer(self, path: str, sha256: str, metadata: dict | None = None) -> "DocumentWriter":
+        """A writer that adds or replaces one document part by part (`DocumentWriter`)."""
+        return DocumentWriter(self, path, sha256, metadata)
 
     def write_document(
         self, path: str, sha256: str, chunks: list[NewChunk], embeddings: np.ndarray, metadata: dict | None = None
@@ -219,68 +299,33 @@ class Store:
 
         `metadata` (JSON-serialisable) is kept with the document and returned with every Hit of its chunks.
         """
-        import torch
-
-        dtype = getattr(torch, check_dtype(self.settings.dtype))
-        tensors: dict[str, torch.Tensor] = {}
-        for i, c in enumerate(chunks):
-            tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=dtype).contiguous()  # [L, T, H, D]
-            tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=dtype).contiguous()
-            tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)  # [T]
-            tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)  # [T, 2]
-            if c.sentences is not None:
-                tensors.update(migrations.sentence_tensors(i, c.sentences))
-        kv_file = f"{sha256[:24]}.safetensors"
-        final = self.path / "kv" / kv_file
-        meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": self.settings.source_fingerprint,
-                "dtype": self.settings.dtype, "document": path}
-        save_safetensors(tensors, final, metadata=meta)
-
-        old = self.document(path)
-        with self._conn:
-            if old is not None:
-                self._conn.execute("DELETE FROM chunks WHERE doc_id = ?", (old.id,))
-                self._conn.execute("DELETE FROM documents WHERE id = ?", (old.id,))
-            cur = self._conn.execute(
-                "INSERT INTO documents (path, sha256, kv_file, n_chunks, n_tokens, ingested_at, metadata) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (path, sha256, kv_file, len(chunks), sum(len(c.token_ids) for c in chunks), time.time(),
-                 json.dumps(metadata) if metadata else None),
-            )
-            self._conn.executemany(
-                "INSERT INTO chunks (doc_id, idx, text, char_start, char_end, n_tokens, embedding) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (cur.lastrowid, i, c.text, c.char_start, c.char_end, len(c.token_ids), embeddings[i].astype(np.float32).tobytes())
-                    for i, c in enumerate(chunks)
-                ],
-            )
-        if old is not None and old.kv_file != kv_file:
-            (self.path / "kv" / old.kv_file).unlink(missing_ok=True)
-        self._index = None
+        with self.document_writer(path, sha256, metadata) as writer:
+            writer.add(chunks, embeddings)
+            writer.commit()
 
     def remove_document(self, path: str) -> None:
-        """Drop one document: its manifest rows first (one transaction), then its KV file; unknown paths are a
-        no-op."""
+        """Drop one document: its manifest rows first (one transaction), then its KV files where no other
+        document's chunks are in them; unknown paths are a no-op."""
         old = self.document(path)
         if old is None:
             return
+        files = self.kv_files(old)
         with self._conn:
             self._conn.execute("DELETE FROM chunks WHERE doc_id = ?", (old.id,))
             self._conn.execute("DELETE FROM documents WHERE id = ?", (old.id,))
-        if not self._conn.execute("SELECT 1 FROM documents WHERE kv_file = ?", (old.kv_file,)).fetchone():
-            (self.path / "kv" / old.kv_file).unlink(missing_ok=True)
+        self._drop_unreferenced(files)
         self._index = None
 
     def summary(self) -> dict:
         """What the store holds, for people and scripts (`cagkit store info`): its settings, totals and, per
-        document, chunks, tokens, KV bytes on disk and state: `ok` or `damaged` (re-ingest it)."""
+        document, chunks, tokens, KV bytes on disk and state: `ok` or `damaged` (re-ingest it). The state reads
+        the KV files' headers only; `verify` reads every checksum too."""
         documents = []
         for doc in self.documents():
-            file = self.path / "kv" / doc.kv_file
             state = "ok" if self.is_intact(doc) else "damaged"
             documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
-                              "kv_bytes": file.stat().st_size if file.exists() else 0, "state": state,
-                              "metadata": doc.metadata})
+                              "kv_bytes": sum(_size(self.path / "kv" / f) for f in self.kv_files(doc)),
+                              "state": state, "metadata": doc.metadata})
         manifest = self.path / "manifest.sqlite"
         return {
             "store": str(self.path), "settings": dict(self.settings.__dict__),
@@ -289,6 +334,31 @@ class Store:
             "bytes": sum(d["kv_bytes"] for d in documents) + (manifest.stat().st_size if manifest.exists() else 0),
             "per_document": documents,
         }
+
+    def verify(self) -> dict:
+        """Check everything: the manifest (SQLite's integrity check), every document's KV files, tensors and
+        checksums, and the files in `kv/`. Returns `ok` (the manifest and every document are intact),
+        `manifest` ("ok" or SQLite's findings), `documents` (per document: path, state `ok` or `damaged`,
+        problems), `damaged` (the damaged documents' paths), `orphans` (KV files cagkit wrote that no document
+        uses, as an interrupted ingest leaves them: no damage, and the next ingest or `store repair` removes them),
+        `missing` (KV files the manifest lists that are not there) and `foreign` (files in kv/ that cagkit did
+        not write: left alone)."""
+        findings = [r[0] for r in self._conn.execute("PRAGMA integrity_check").fetchall()]
+        documents = []
+        for doc in self.documents():
+            problems = self.check_document(doc)
+            documents.append({"path": doc.path, "state": "damaged" if problems else "ok", "problems": problems})
+        referenced = {r[0] for r in self._conn.execute("SELECT DISTINCT kv_file FROM chunks") if r[0] is not None}
+        recorded = {r[0] for r in self._conn.execute("SELECT name FROM kv_files")}
+        on_disk = {f.name for f in (self.path / "kv").iterdir()} if (self.path / "kv").is_dir() else set()
+        orphans = sorted(n for n in on_disk if (n in recorded and n not in referenced)
+                         or (is_temporary(Path(n)) and _temporary_of(n) in recorded))
+        foreign = sorted(on_disk - recorded - set(orphans))
+        damaged = [d["path"] for d in documents if d["state"] != "ok"]
+        manifest = "ok" if findings == ["ok"] else "; ".join(findings)
+        return {"store": str(self.path), "ok": manifest == "ok" and not damaged,
+                "manifest": manifest, "documents": documents, "damaged": damaged, "orphans": orphans,
+                "missing": sorted(referenced - on_disk), "foreign": foreign}
 
     # -- retrieval and loading -----------------------------------------------------------------------------
 
@@ -349,41 +419,226 @@ class Store:
         return [r[0] for r in self._conn.execute("SELECT id FROM chunks WHERE doc_id = ? ORDER BY idx", (doc.id,))]
 
     def load_chunk(self, chunk_id: int) -> StoredChunk:
-        """A chunk's text and KV; the KV file is memory-mapped, so only this chunk's tensors are read."""
+        """A chunk's text and KV, its tensors read alone from its KV file and checked against the checksum
+        recorded when they were written; a `DamagedChunkError` names the document and how to rebuild it."""
         row = self._conn.execute(
-            "SELECT d.path, d.kv_file, c.idx, c.text FROM chunks c JOIN documents d ON d.id = c.doc_id WHERE c.id = ?",
-            (chunk_id,),
+            "SELECT d.path, c.kv_file, c.idx, c.text, c.checksum FROM chunks c JOIN documents d ON d.id = c.doc_id "
+            "WHERE c.id = ?", (chunk_id,),
         ).fetchone()
         if row is None:
             raise StoreError(f"chunk {chunk_id} is not in store {self.path}")
         from cagkit.kv.chunk import ChunkKV
 
-        doc_path, kv_file, idx, text = row
-        file = self.path / "kv" / kv_file
+        doc_path, kv_file, idx, text, checksum = row
+        file = self.path / "kv" / (kv_file or "")
         try:
-            with safe_open(file, framework="pt") as f:
-                kv = ChunkKV(f.get_tensor(f"{idx}.keys"), f.get_tensor(f"{idx}.values"))
-                token_ids = f.get_tensor(f"{idx}.token_ids").tolist()
-                offsets = f.get_tensor(f"{idx}.offsets")
-                sentences = None
-                if f"{idx}.sentences" in f.keys():
-                    sentences = (f.get_tensor(f"{idx}.sentences").numpy(),
-                                 f.get_tensor(f"{idx}.sentence_embeddings").float().numpy())
-        except Exception as exc:  # safetensors raises several types for damaged files
-            raise StoreError(
-                f"KV file {file} (document {doc_path}) is damaged or missing ({type(exc).__name__}); "
-                f"run `cagkit ingest {doc_path} --store {self.path}` to rebuild it"
-            ) from exc
-        return StoredChunk(chunk_id, doc_path, idx, text, token_ids, offsets, kv, sentences)
+            if kv_file is None or checksum is None:
+                raise DamagedFile("no checksum was recorded for it")
+            tensors, actual = KVFile(file).read_chunk(idx)
+            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in tensors]
+            if missing:
+                raise DamagedFile(f"chunk {idx} lacks its {', '.join(missing)}")
+            if actual != checksum:
+                raise DamagedFile(f"chunk {idx} does not match its checksum")
+        except DamagedFile as exc:
+            raise DamagedChunkError(
+                f"KV file {file} of document {doc_path} is damaged ({exc}); run `cagkit store repair --store "
+                f"{self.path}` or `cagkit ingest {doc_path} --store {self.path}` to rebuild it", doc_path, idx
+            ) from None
+        t = {name.split(".", 1)[1]: to_torch(*value) for name, value in tensors.items()}
+        sentences = None
+        if "sentences" in t:
+            sentences = (t["sentences"].numpy(), t["sentence_embeddings"].float().numpy())
+        return StoredChunk(chunk_id, doc_path, idx, text, t["token_ids"].tolist(), t["offsets"],
+                           ChunkKV(t["keys"], t["values"]), sentences)
 
     # -- housekeeping --------------------------------------------------------------------------------------
 
-    def _remove_strays(self) -> None:
-        """Delete temporary files and KV files the manifest does not list (left by an interrupted ingest)."""
-        listed = {r[0] for r in self._conn.execute("SELECT kv_file FROM documents")}
-        for file in (self.path / "kv").iterdir():
-            if file.name not in listed:
+    def _record_file(self, name: str) -> bool:
+        """Record a KV file as cagkit's before it is written, so that a crash leaves it removable; False (and
+        nothing recorded) when the name is taken, by a file cagkit recorded or any other."""
+        if (self.path / "kv" / name).exists():
+            return False
+        with self._conn:
+            cur = self._conn.execute("INSERT OR IGNORE INTO kv_files (name, written_at) VALUES (?, ?)",
+                                     (name, time.time()))
+        return cur.rowcount == 1
+
+    def _drop_unreferenced(self, names: Iterable[str]) -> list[str]:
+        """Delete those of `names` (KV files cagkit recorded) that no chunk is in any more; the names deleted."""
+        removed = []
+        for name in names:
+            if self._conn.execute("SELECT 1 FROM chunks WHERE kv_file = ? LIMIT 1", (name,)).fetchone():
+                continue
+            if not self._conn.execute("SELECT 1 FROM kv_files WHERE name = ?", (name,)).fetchone():
+                continue  # not one cagkit recorded writing: left alone
+            file = self.path / "kv" / name
+            try:
+                existed = file.exists()
                 file.unlink(missing_ok=True)
+            except OSError as exc:
+                raise _write_error(self.path, exc) from None
+            with self._conn:
+                self._conn.execute("DELETE FROM kv_files WHERE name = ?", (name,))
+            if existed:
+                removed.append(name)
+        return removed
+
+    def _remove_strays(self) -> list[str]:
+        """Delete what an interrupted write left: KV files cagkit recorded that no chunk is in, and the
+        temporaries of recorded files. Nothing else in the folder is touched."""
+        recorded = [r[0] for r in self._conn.execute("SELECT name FROM kv_files ORDER BY name")]
+        removed = self._drop_unreferenced(recorded)
+        known = set(recorded)
+        for file in sorted((self.path / "kv").iterdir()):
+            if is_temporary(file) and _temporary_of(file.name) in known:
+                try:
+                    file.unlink(missing_ok=True)
+                except OSError as exc:
+                    raise _write_error(self.path, exc) from None
+                removed.append(file.name)
+        return removed
+
+
+class DocumentWriter:
+    """Adds or replaces one document in a store open for writing, its chunks written part by part as they are
+    prefilled (`add`: one KV file per part), so that holding a long document's KV is never needed; `commit`
+    records the document and its chunks in one transaction, and only then do readers see it. Leaving the `with`
+    block without `commit` (an error) removes the parts written; after a crash the next writer removes them.
+    Every writer's files have names of their own, so no other document, nor the older version of this one,
+    shares them."""
+
+    def __init__(self, store: Store, path: str, sha256: str, metadata: dict | None = None):
+        if store._lock is None:
+            raise StoreError(f"store {store.path} is open for reading; open it with Store.open_for_writing to add documents")
+        self.store = store
+        self.path = path
+        self.sha256 = sha256
+        self.metadata = metadata
+        self._write = secrets.token_hex(4)
+        self._files: list[str] = []
+        self._rows: list[tuple] = []
+        self._committed = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *rest):
+        if not self._committed:
+            self.abort()
+
+    @property
+    def chunks(self) -> int:
+        return len(self._rows)
+
+    def add(self, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
+        """Write the next `chunks` of the document (and their unit embeddings [N, E]) as one KV file."""
+        import torch
+
+        if not chunks:
+            return
+        st = self.store
+        dtype = getattr(torch, check_dtype(st.settings.dtype))
+        first = len(self._rows)
+        tensors: dict[str, torch.Tensor] = {}
+        for i, c in enumerate(chunks, start=first):
+            tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=dtype).contiguous()  # [L, T, H, D]
+            tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=dtype).contiguous()
+            tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)  # [T]
+            tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)  # [T, 2]
+            if c.sentences is not None:
+                tensors.update(migrations.sentence_tensors(i, c.sentences))
+        name = f"{self.sha256[:16]}-{self._write}.{len(self._files):05d}.safetensors"
+        while not st._record_file(name):  # a name in use (as likely as two equal random draws): draw again
+            self._write = secrets.token_hex(4)
+            name = f"{self.sha256[:16]}-{self._write}.{len(self._files):05d}.safetensors"
+        self._files.append(name)
+        file = st.path / "kv" / name
+        meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": st.settings.source_fingerprint,
+                "dtype": st.settings.dtype, "document": self.path, "first_chunk": str(first)}
+        try:
+            save_safetensors(tensors, file, metadata=meta)
+        except OSError as exc:
+            raise _write_error(st.path, exc) from None
+        del tensors
+        sums = chunk_checksums(file, range(first, first + len(chunks)), _CHUNK_TENSORS)
+        if any(v is None for v in sums.values()):
+            raise StoreError(f"KV file {file} does not read back as written; check the disk of store {st.path}")
+        for i, c in enumerate(chunks, start=first):
+            self._rows.append((i, c.text, c.char_start, c.char_end, len(c.token_ids),
+                               np.asarray(embeddings[i - first]).astype(np.float32).tobytes(), name, sums[i]))
+
+    def commit(self) -> None:
+        """Record the document with every chunk added, replacing its older version in one transaction; the older
+        version's KV files are deleted after."""
+        st = self.store
+        conn = st._conn
+        old = st.document(self.path)
+        old_files = st.kv_files(old) if old is not None else []
+        with conn:
+            if old is not None:
+                conn.execute("DELETE FROM chunks WHERE doc_id = ?", (old.id,))
+                conn.execute("DELETE FROM documents WHERE id = ?", (old.id,))
+            cur = conn.execute(
+                "INSERT INTO documents (path, sha256, kv_file, n_chunks, n_tokens, ingested_at, metadata) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (self.path, self.sha256, self._files[0] if self._files else "", len(self._rows),
+                 sum(r[4] for r in self._rows), time.time(), json.dumps(self.metadata) if self.metadata else None),
+            )
+            conn.executemany(
+                "INSERT INTO chunks (doc_id, idx, text, char_start, char_end, n_tokens, embedding, kv_file, checksum) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [(cur.lastrowid, *row) for row in self._rows])
+        self._committed = True
+        st._drop_unreferenced(old_files)
+        st._index = None
+
+    def abort(self) -> None:
+        """Remove the parts written so far (best effort: what is left, the next writer removes)."""
+        try:
+            self.store._drop_unreferenced(self._files)
+        except (StoreError, OSError):
+            pass
+        self._files = []
+
+
+def _size(file: Path) -> int:
+    try:
+        return file.stat().st_size
+    except OSError:
+        return 0
+
+
+def _temporary_of(name: str) -> str | None:
+    """The file an `atomic_write` temporary `<name>.<pid>.<n>.tmp` was to become."""
+    match = re.fullmatch(r"(.+)\.\d+\.\d+\.tmp", name)
+    return match.group(1) if match else None
+
+
+def _check_store_folder(path: Path) -> None:
+    """Refuse a --store that is a file, or a folder with other things in it that is not a store."""
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"store {path} is a file, not a folder; give a new folder or a cagkit store's folder as --store")
+    if not path.is_dir() or (path / "manifest.sqlite").exists():
+        return
+    kv = path / "kv"
+    others = sorted(p.name for p in path.iterdir() if p.name not in ("kv", "write.lock"))
+    if others or (kv.exists() and (not kv.is_dir() or any(kv.iterdir()))):
+        raise StoreError(f"{path} is not empty and is not a cagkit store (no manifest.sqlite); give a new or empty "
+                         f"folder as --store, or the folder of an existing store")
+
+
+def _check_writable(path: Path) -> None:
+    import os
+
+    for target in (path, path / "kv", path / "manifest.sqlite"):
+        if target.exists() and not os.access(target, os.W_OK):
+            raise StoreError(f"cannot write to store {path} ({target.name} is read-only); give yourself write "
+                             f"access to it or use another --store")
+
+
+def _write_error(path: Path, exc: OSError) -> StoreError:
+    return StoreError(f"cannot write to store {path} ({exc.strerror or exc}); give yourself write access to it, free "
+                      f"some space, or use another --store")
 
 
 def check_dtype(dtype: str) -> str:
@@ -403,26 +658,31 @@ def _lock_for_writing(path: Path, wait: bool = False):
     handle = _try_lock(path)
     if handle is None:
         if not wait:
-            raise StoreError(f"store {path} is being written by another cagkit ingest; wait for it to finish")
+            raise StoreError(f"store {path} is being written by another cagkit ingest; wait for it to finish, or pass "
+                             f"--wait to wait for it")
         print(f"store {path} is being written by another cagkit process; waiting for it", file=sys.stderr, flush=True)
-        handle = open(path / "write.lock", "w")
+        handle = _open_lock(path)
         fcntl.flock(handle, fcntl.LOCK_EX)
     return handle
 
 
 def _try_lock(path: Path):
     """The store's writer lock if no other process holds it, else None."""
-    try:
-        handle = open(path / "write.lock", "w")
-    except OSError as exc:
-        raise StoreError(f"cannot write to store {path} ({exc.strerror}); give yourself write access to it or use "
-                         f"another --store") from None
+    handle = _open_lock(path)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
         return None
     return handle
+
+
+def _open_lock(path: Path):
+    try:
+        return open(path / "write.lock", "a")  # "a": opening never truncates or creates more than the lock file
+    except OSError as exc:
+        raise StoreError(f"cannot write to store {path} ({exc.strerror}); give yourself write access to it or use "
+                         f"another --store") from None
 
 
 def _migrate_for_reading(path: Path, conn: sqlite3.Connection) -> None:
@@ -435,36 +695,117 @@ def _migrate_for_reading(path: Path, conn: sqlite3.Connection) -> None:
             continue
         try:
             migrations.apply(conn, path)
+        except OSError as exc:
+            raise _write_error(path, exc) from None
         finally:
             lock.close()
 
 
+def _manifest_error(manifest: Path, exc: sqlite3.Error) -> StoreError:
+    """The one-line error for an SQLite failure on `manifest`."""
+    message = str(exc)
+    if "readonly" in message or "read-only" in message:
+        return StoreError(f"cannot write to store {manifest.parent} (its manifest is read-only); give yourself write "
+                          f"access to it or use another --store")
+    if "locked" in message or "busy" in message:
+        return StoreError(f"store {manifest.parent} is busy (another process holds its manifest); try again, or pass "
+                          f"--wait to ingest")
+    if "disk is full" in message or "disk I/O" in message or "unable to open" in message:
+        return StoreError(f"cannot use store {manifest.parent} ({message}); free some space or check the disk and "
+                          f"its permissions")
+    return DamagedManifestError(f"store manifest {manifest} is damaged ({message}); move the store aside and re-run "
+                                f"`cagkit ingest DOCS --store {manifest.parent}`")
+
+
+@contextmanager
+def _translated(manifest: Path):
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise _manifest_error(manifest, exc) from None
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose SQLite errors, also those met while rows are read, are one-line StoreErrors."""
+
+    def execute(self, *args):
+        with _translated(self.connection.manifest):
+            return super().execute(*args)
+
+    def executemany(self, *args):
+        with _translated(self.connection.manifest):
+            return super().executemany(*args)
+
+    def fetchone(self):
+        with _translated(self.connection.manifest):
+            return super().fetchone()
+
+    def fetchall(self):
+        with _translated(self.connection.manifest):
+            return super().fetchall()
+
+    def __next__(self):
+        with _translated(self.connection.manifest):
+            return super().__next__()
+
+
+class _Connection(sqlite3.Connection):
+    """The manifest's connection: every SQLite error becomes a one-line StoreError naming the store."""
+
+    manifest: Path
+
+    def cursor(self, factory=_Cursor):
+        return super().cursor(factory)
+
+    def execute(self, *args):
+        return self.cursor().execute(*args)
+
+    def executemany(self, *args):
+        return self.cursor().executemany(*args)
+
+    def executescript(self, script):
+        with _translated(self.manifest):
+            return super().executescript(script)
+
+    def commit(self):
+        with _translated(self.manifest):
+            return super().commit()
+
+    def __exit__(self, *exc):
+        with _translated(self.manifest):
+            return super().__exit__(*exc)
+
+
 def _connect(manifest: Path) -> sqlite3.Connection:
     try:
-        conn = sqlite3.connect(manifest)
-        conn.execute("PRAGMA foreign_keys = ON")
-        migrations.pending(conn, manifest.parent)  # reads the manifest: a damaged one fails here, not later
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(
-            f"store manifest {manifest} is damaged ({exc}); move the store aside and re-run `cagkit ingest`"
-        ) from exc
+        conn = sqlite3.connect(manifest, factory=_Connection)
+    except sqlite3.Error as exc:
+        raise _manifest_error(manifest, exc) from None
+    conn.manifest = manifest
+    conn.execute("PRAGMA foreign_keys = ON")
+    migrations.pending(conn, manifest.parent)  # reads the manifest: a damaged one fails here, not later
     return conn
 
 
 def _read_settings(conn: sqlite3.Connection, manifest: Path) -> StoreSettings | None:
-    try:
-        rows = dict(conn.execute("SELECT key, value FROM settings").fetchall())
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(f"store manifest {manifest} is damaged ({exc}); move the store aside and re-run `cagkit ingest`") from exc
+    rows = dict(conn.execute("SELECT key, value FROM settings").fetchall())
     if not rows:
         return None
-    values = {k: json.loads(v) for k, v in rows.items()}
+    try:
+        values = {k: json.loads(v) for k, v in rows.items()}
+    except ValueError:
+        raise DamagedManifestError(f"store manifest {manifest} is damaged (its settings are not JSON); move the "
+                                   f"store aside and re-run `cagkit ingest DOCS --store {manifest.parent}`") from None
     if values.get("format_version") != FORMAT_VERSION:
         raise StoreError(
             f"store {manifest.parent} has format version {values.get('format_version')}, this cagkit reads "
             f"{FORMAT_VERSION}; ingest the documents into a new store"
         )
-    return StoreSettings(**values)
+    try:
+        return StoreSettings(**values)
+    except TypeError:
+        raise DamagedManifestError(f"store manifest {manifest} is damaged (unexpected settings); move the store "
+                                   f"aside and re-run `cagkit ingest DOCS --store {manifest.parent}`") from None
 
 
 def _check_compatible(path: Path, have: StoreSettings, want: StoreSettings) -> None:

@@ -1,0 +1,127 @@
+"""Reading a store's KV files one chunk at a time, each chunk checked against the checksum the manifest keeps.
+
+A KV file is a safetensors file: an 8-byte little-endian header length, a JSON header naming every tensor's dtype,
+shape and byte range, then the tensors' bytes. A chunk `i` is the tensors named `{i}.<what>`; its checksum is the
+SHA-256 of their names, dtypes, shapes and bytes as stored, in name order, so it covers exactly what `load_chunk`
+reads and can be computed from the file alone (`chunk_checksums`) without PyTorch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+# safetensors dtype names and their sizes in bytes
+_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_MAX_HEADER = 100 << 20
+
+
+class DamagedFile(Exception):
+    """A KV file that does not parse, or a chunk whose tensors are missing or do not match their checksum."""
+
+
+class KVFile:
+    """One KV file's header, read once; its chunks' bytes are read on demand."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(8)
+                if len(raw) != 8:
+                    raise DamagedFile("shorter than a safetensors header")
+                (length,) = struct.unpack("<Q", raw)
+                if length > _MAX_HEADER:
+                    raise DamagedFile("header length out of range")
+                header = f.read(length)
+                if len(header) != length:
+                    raise DamagedFile("header cut short")
+                size = self.path.stat().st_size
+        except FileNotFoundError:
+            raise DamagedFile("missing") from None
+        except OSError as exc:
+            raise DamagedFile(exc.strerror or type(exc).__name__) from None
+        try:
+            entries = json.loads(header)
+        except ValueError:
+            raise DamagedFile("header is not JSON") from None
+        if not isinstance(entries, dict):
+            raise DamagedFile("header is not a JSON object")
+        self.metadata = entries.pop("__metadata__", None) or {}
+        self.data_start = 8 + length
+        self.tensors: dict[str, tuple[str, list[int], int, int]] = {}
+        for name, entry in entries.items():
+            try:
+                dtype, shape, (begin, end) = entry["dtype"], [int(n) for n in entry["shape"]], entry["data_offsets"]
+                count = 1
+                for n in shape:
+                    count *= n
+                ok = dtype in _ITEMSIZE and 0 <= begin <= end and end - begin == count * _ITEMSIZE[dtype]
+            except (KeyError, TypeError, ValueError):
+                ok = False
+            if not ok or self.data_start + end > size:
+                raise DamagedFile(f"tensor {name} has a bad header entry or lies past the end of the file")
+            self.tensors[name] = (dtype, shape, begin, end)
+
+    def chunk_names(self, idx: int) -> list[str]:
+        """The names of chunk `idx`'s tensors in this file, in name order."""
+        prefix = f"{idx}."
+        return sorted(n for n in self.tensors if n.startswith(prefix))
+
+    def read_chunk(self, idx: int) -> tuple[dict[str, tuple[str, list[int], bytearray]], str]:
+        """Chunk `idx`'s tensors as `{name: (dtype, shape, bytes)}` and their checksum."""
+        names = self.chunk_names(idx)
+        out = {}
+        digest = hashlib.sha256()
+        try:
+            with open(self.path, "rb") as f:
+                for name in names:
+                    dtype, shape, begin, end = self.tensors[name]
+                    buf = bytearray(end - begin)
+                    f.seek(self.data_start + begin)
+                    if f.readinto(buf) != len(buf):
+                        raise DamagedFile(f"tensor {name} cut short")
+                    _update(digest, name, dtype, shape, buf)
+                    out[name] = (dtype, shape, buf)
+        except OSError as exc:
+            raise DamagedFile(exc.strerror or type(exc).__name__) from None
+        return out, digest.hexdigest()
+
+    def checksum(self, idx: int) -> str:
+        return self.read_chunk(idx)[1]
+
+
+def _update(digest, name: str, dtype: str, shape: list[int], data) -> None:
+    digest.update(f"{name}\0{dtype}\0{','.join(map(str, shape))}\0{len(data)}\0".encode())
+    digest.update(data)
+
+
+def to_torch(dtype: str, shape: list[int], data: bytearray):
+    """A tensor over `data` (no copy), as safetensors would load it."""
+    import torch
+
+    torch_dtype = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                   "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                   "BOOL": torch.bool}[dtype]
+    if not data:
+        return torch.empty(shape, dtype=torch_dtype)
+    return torch.frombuffer(data, dtype=torch_dtype).reshape(shape)
+
+
+def chunk_checksums(path: Path, indices, required: tuple[str, ...]) -> dict[int, str | None]:
+    """The checksum of each chunk of `indices` in the KV file at `path` as it is now; None for a chunk that lacks
+    one of the `required` tensors (`{i}.<required>`), all None when the file does not parse."""
+    try:
+        file = KVFile(path)
+    except DamagedFile:
+        return {i: None for i in indices}
+    result = {}
+    for i in indices:
+        try:
+            complete = all(f"{i}.{what}" in file.tensors for what in required)
+            result[i] = file.checksum(i) if complete else None
+        except DamagedFile:
+            result[i] = None
+    return result

@@ -1,0 +1,389 @@
+"""`cagkit serve` as a client sees it: real server processes on free ports, over tiny random Llamas saved as model
+directories (a server process cannot see the models conftest registers in this one).
+
+Greedy decoding is deterministic, so the server must answer exactly what `cagkit.ask` answers in this process for
+the same question and settings, streamed or not, alone or beside seven other requests; a random model's answer is
+gibberish, but identical gibberish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from conftest import make_tiny_llama  # noqa: E402
+
+from cagkit.ask import ask  # noqa: E402
+from cagkit.cli import main  # noqa: E402
+from cagkit.ingest.pipeline import ingest_texts  # noqa: E402
+
+FACTS = {
+    "notes/lighthouse.txt": "The Varnholm lighthouse keeper polishes the brass lens every Tuesday with walnut oil.",
+    "notes/bakery.txt": "Mirela's bakery sells exactly forty-two cardamom buns before seven in the morning.",
+    "notes/glacier.txt": "The Oskvik glacier retreated nine hundred metres between 1990 and 2020.",
+}
+FILLER = "This paragraph talks about nothing in particular and only adds length to the document. "
+QUESTION = "How many cardamom buns does the bakery sell?"
+KEY = "test-key-1234"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `cagkit serve` process; `url` once /health answers."""
+
+    def __init__(self, *args: str):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"cagkit-serve-test-{self.port}.log", "w+")
+        code = "import sys; from cagkit.cli import main; sys.exit(main())"
+        self.proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", str(self.port), *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**{k: v for k, v in os.environ.items() if k != "CAGKIT_API_KEY"},
+                                          "OMP_NUM_THREADS": "1", "CAGKIT_DEVICE": "cpu"})
+
+    def wait(self, timeout: float = 90.0) -> "Server":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise AssertionError(f"cagkit serve exited with {self.proc.returncode}:\n{self.log.read()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError("cagkit serve did not answer /health in time")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, smollm2_tokenizer):
+    """Two tiny model directories (alpha built the store; beta is another random model), the store, and two
+    servers started side by side: `main` over the store, `locked` with an API key over a store that does not
+    exist, keeping one model loaded."""
+    root = tmp_path_factory.mktemp("serve")
+    dirs = {}
+    for name, seed in (("alpha", 0), ("beta", 1)):
+        dirs[name] = root / name
+        make_tiny_llama(smollm2_tokenizer, seed=seed).save_pretrained(dirs[name])
+        smollm2_tokenizer.save_pretrained(dirs[name])
+    alpha, beta = str(dirs["alpha"]), str(dirs["beta"])
+    store = root / "store"
+    servers = {  # started before the store exists (the server reads it per request), to start while it is built
+        "main": Server("--store", str(store), "--models", f"{alpha},{beta}", "--max-loaded", "2"),
+        "locked": Server("--store", str(root / "nowhere"), "--models", f"{alpha},{beta}", "--max-loaded", "1",
+                         "--api-key", KEY),
+    }
+    try:
+        items = [(doc, "\n\n".join([FILLER * 2, fact, FILLER * 2]), {"topic": doc.split("/")[1][:-4]})
+                 for doc, fact in FACTS.items()]
+        ingest_texts(items, store=store, source=alpha, chunk_tokens=48, progress=False)
+        for server in servers.values():
+            server.wait()
+        yield {"alpha": alpha, "beta": beta, "store": store, **servers}
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def _chat(url: str, model: str, question: str = QUESTION, **extra) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                      json={"model": model, "messages": [{"role": "user", "content": question}], **extra})
+
+
+def _sse(lines) -> list[str]:
+    """The data payloads of a server-sent event stream, in order."""
+    return [line[len("data: "):] for line in lines if line.startswith("data: ")]
+
+
+def _metric(text: str, name: str, **labels) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name + (f"{{{want}}}" if want else "")) + r" ([0-9.e+-]+)$"
+    found = re.search(pattern, text, re.M)
+    assert found, f"{name} {labels} not in /metrics"
+    return float(found.group(1))
+
+
+def test_chat_matches_ask_streamed_or_not_with_the_openai_client(setup):
+    expected = ask(QUESTION, store=setup["store"], model=setup["alpha"], max_new_tokens=12)
+    client = openai.OpenAI(base_url=f"{setup['main'].url}/v1", api_key="unused")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "an earlier question"},
+                {"role": "assistant", "content": "an earlier answer"}, {"role": "user", "content": QUESTION}]
+    reply = client.chat.completions.create(model=setup["alpha"], messages=messages, max_tokens=12)
+    assert reply.choices[0].message.content == expected.answer
+    assert reply.object == "chat.completion" and reply.model == setup["alpha"]
+    cagkit = reply.model_extra["cagkit"]
+    assert cagkit["sources"] == expected.sources and cagkit["mode"] == "reuse" and cagkit["retrieval"] == "hybrid"
+    assert cagkit["context_tokens"] == expected.context_tokens
+    assert {"retrieve_ms", "ttft_ms", "total_ms", "queue_ms"} <= set(cagkit["timings"])
+    assert reply.usage.prompt_tokens > expected.context_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+    stream = client.chat.completions.create(model=setup["alpha"], messages=messages, max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected.answer and len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == reply.choices[0].finish_reason
+    assert finish[0].model_extra["cagkit"]["sources"] == expected.sources
+    assert chunks[-1].usage.model_dump() == reply.usage.model_dump()
+
+
+def test_text_completions_and_the_raw_event_stream(setup):
+    url, alpha = setup["main"].url, setup["alpha"]
+    chat = _chat(url, alpha, max_tokens=10).json()["choices"][0]["message"]["content"]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    text = client.completions.create(model=alpha, prompt=QUESTION, max_tokens=10)
+    assert text.object == "text_completion" and text.choices[0].text == chat
+    with httpx.stream("POST", f"{url}/v1/completions", timeout=60,
+                      json={"model": alpha, "prompt": QUESTION, "max_tokens": 10, "stream": True}) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = _sse(response.iter_lines())
+    assert events[-1] == "[DONE]"
+    bodies = [json.loads(e) for e in events[:-1]]
+    assert "".join(b["choices"][0]["text"] for b in bodies) == chat
+    assert all(b["object"] == "text_completion" for b in bodies) and bodies[-1]["choices"][0]["finish_reason"]
+
+
+def test_llama_index_openai_like_talks_to_the_server(setup):
+    openai_like = pytest.importorskip("llama_index.llms.openai_like")
+    from llama_index.core.llms import ChatMessage
+
+    url, alpha = setup["main"].url, setup["alpha"]
+    expected = _chat(url, alpha, max_tokens=10).json()["choices"][0]["message"]["content"]
+    llm = openai_like.OpenAILike(model=alpha, api_base=f"{url}/v1", api_key="unused", is_chat_model=True,
+                                 max_tokens=10, context_window=4096)
+    assert llm.chat([ChatMessage(role="user", content=QUESTION)]).message.content == expected
+    assert "".join(r.delta for r in llm.stream_chat([ChatMessage(role="user", content=QUESTION)])) == expected
+    completer = openai_like.OpenAILike(model=alpha, api_base=f"{url}/v1", api_key="unused", is_chat_model=False,
+                                       max_tokens=10)
+    assert completer.complete(QUESTION).text == expected
+
+
+def test_eight_concurrent_requests_over_two_models_match_one_at_a_time(setup):
+    url = setup["main"].url
+    questions = ["Who polishes the lens?", "When does the bakery sell buns?", "How far did the glacier retreat?",
+                 "What oil is used on the lens?"]
+    jobs = [(model, q, mode) for model, mode in ((setup["alpha"], "mot"), (setup["beta"], "native"))
+            for q in questions]
+    alone = {job: _chat(url, job[0], job[1], mode=job[2], max_tokens=8).json() for job in jobs}
+    with ThreadPoolExecutor(8) as pool:
+        together = dict(zip(jobs, pool.map(lambda j: _chat(url, j[0], j[1], mode=j[2], max_tokens=8), jobs)))
+    for job in jobs:
+        assert together[job].status_code == 200, together[job].text
+        body = together[job].json()
+        assert body["choices"][0]["message"]["content"] == alone[job]["choices"][0]["message"]["content"]
+        assert body["cagkit"]["mode"] == ("reuse" if job[0] == setup["alpha"] else "native")
+    spans = {}
+    for model in (setup["alpha"], setup["beta"]):  # one forward at a time per model: its work never overlaps
+        spans[model] = sorted((b["cagkit"]["served"]["start"], b["cagkit"]["served"]["end"])
+                              for job, r in together.items() if job[0] == model for b in [r.json()])
+        assert all(end <= start for (_, end), (start, _) in zip(spans[model], spans[model][1:])), spans[model]
+    # ... while the two models work side by side
+    assert any(a0 < b1 and b0 < a1 for a0, a1 in spans[setup["alpha"]] for b0, b1 in spans[setup["beta"]]), spans
+    assert alone[jobs[0]]["choices"][0]["message"]["content"] != alone[jobs[4]]["choices"][0]["message"]["content"]
+
+
+def test_a_client_leaving_mid_stream_frees_the_model(setup):
+    url, alpha = setup["main"].url, setup["alpha"]
+    before = httpx.get(f"{url}/metrics").text
+    cancelled = _metric(before, "cagkit_cancelled_requests_total", model=alpha) if "cancelled_requests_total{" \
+        in before else 0.0
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60,
+                      json={"model": alpha, "messages": [{"role": "user", "content": QUESTION}], "stream": True,
+                            "max_tokens": 3000}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"content": "' in line and '"content": ""' not in line:
+                break  # the first piece of the answer: leave
+    left = time.monotonic()
+    while True:  # the server notices at its next token and stops the answer
+        text = httpx.get(f"{url}/metrics").text
+        if "cancelled_requests_total{" in text and _metric(text, "cagkit_cancelled_requests_total",
+                                                           model=alpha) > cancelled:
+            break
+        assert time.monotonic() - left < 10, "the server did not notice the client leaving"
+        time.sleep(0.05)
+    tokens = _metric(text, "cagkit_generated_tokens_total", model=alpha)
+    reply = _chat(url, alpha, max_tokens=4)  # the model is free again at once
+    assert reply.status_code == 200 and time.monotonic() - left < 15
+    after = _metric(httpx.get(f"{url}/metrics").text, "cagkit_generated_tokens_total", model=alpha)
+    assert after - tokens <= 4 + 1  # the abandoned answer generated nothing more
+
+
+@pytest.mark.parametrize("body, status, code, words", [
+    ({"model": "llama-9000", "messages": [{"role": "user", "content": "q?"}]}, 404, "model_not_found",
+     "llama-9000"),
+    ({"model": "{alpha}"}, 400, "invalid_value", "'messages'"),
+    ({"model": "{alpha}", "messages": []}, 400, "invalid_value", "non-empty list"),
+    ({"model": "{alpha}", "messages": [{"role": "system", "content": "hi"}]}, 400, "invalid_value", "role 'user'"),
+    ({"model": "{alpha}", "messages": [{"role": "user", "content": "  "}]}, 400, "invalid_value", "empty"),
+    ({"messages": [{"role": "user", "content": "q?"}]}, 400, "invalid_value", "'model' is missing"),
+    ({"model": "{alpha}", "messages": [{"role": "user", "content": "word " * 5000}]}, 400,
+     "context_length_exceeded", "context of 4096 tokens"),
+    ({"model": "{alpha}", "messages": [{"role": "user", "content": "q?"}], "mode": "magic"}, 400,
+     "invalid_value", "'mode' must be one of"),
+    ({"model": "{alpha}", "messages": [{"role": "user", "content": "q?"}], "top_k": 0}, 400, "invalid_value",
+     "'top_k'"),
+    ({"model": "{alpha}", "messages": [{"role": "user", "content": "q?"}], "blend": 2}, 400, "invalid_value",
+     "'blend'"),
+    ({"model": "{alpha}", "messages": [{"role": "user", "content": "q?"}], "documents": ["nope.txt"]}, 400,
+     "invalid_request", "nope.txt"),
+    ({"model": "{beta}", "messages": [{"role": "user", "content": "q?"}]}, 400, "translator_not_found", "beta"),
+    ("{not json", 400, "invalid_json", "not valid JSON"),
+    ([1, 2], 400, "invalid_json", "JSON object"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(setup, body, status, code, words, stream):
+    url = setup["main"].url
+    if isinstance(body, dict):
+        body = json.loads(json.dumps(body).replace("{alpha}", setup["alpha"]).replace("{beta}", setup["beta"]))
+        body["stream"] = stream
+    raw = body if isinstance(body, str) else json.dumps(body)
+    response = httpx.post(f"{url}/v1/chat/completions", content=raw, timeout=60,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and words in error["message"] and error["type"] == "invalid_request_error"
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def test_errors_reach_the_openai_client_and_unknown_routes_are_openai_errors(setup):
+    url, alpha = setup["main"].url, setup["alpha"]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="llama-9000"):
+        client.chat.completions.create(model="llama-9000", messages=[{"role": "user", "content": "q?"}])
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model=alpha, prompt="word " * 5000)
+    missing = httpx.get(f"{url}/v1/nothing-here")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert httpx.get(f"{url}/v1/jobs/ingest-unknown").status_code == 404
+    assert _chat(url, alpha, max_tokens=3).status_code == 200
+
+
+def test_api_key_missing_store_and_least_recently_used_unload(setup):
+    url, alpha, beta = setup["locked"].url, setup["alpha"], setup["beta"]
+    assert httpx.get(f"{url}/v1/models").status_code == 401
+    wrong = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    assert _chat(url, alpha).status_code == 401
+    assert httpx.get(f"{url}/health").status_code == 200  # /health and /metrics stay open
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).models.list()
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list().data] == [alpha, beta]
+    loaded = {m["id"]: m["loaded"] for m in client.models.list().model_dump()["data"]}
+    assert loaded == {alpha: True, beta: False}  # --max-loaded 1: the first model loads at start
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for stream in (False, True):
+        missing = httpx.post(f"{url}/v1/chat/completions", headers=auth, timeout=60,
+                             json={"model": beta, "messages": [{"role": "user", "content": "q?"}], "stream": stream})
+        assert missing.status_code == 404, missing.text
+        assert missing.json()["error"]["code"] == "store_not_found" and "nowhere" in missing.json()["error"]["message"]
+    # asking beta loaded it in alpha's place
+    assert httpx.get(f"{url}/health").json()["loaded"] == [beta]
+    metrics = httpx.get(f"{url}/metrics").text
+    assert _metric(metrics, "cagkit_model_loaded", model=alpha) == 0
+    assert _metric(metrics, "cagkit_model_loaded", model=beta) == 1
+    assert _metric(metrics, "cagkit_store_documents") == 0
+    retrieve = httpx.post(f"{url}/v1/retrieve", headers=auth, json={"query": "q?"})
+    assert retrieve.status_code == 404 and retrieve.json()["error"]["code"] == "store_not_found"
+
+
+def test_ingest_while_answering_never_shows_a_half_written_document(setup):
+    url, alpha = setup["main"].url, setup["alpha"]
+    sentences = [f"Report {i} says the Quillmoor beacon was repainted in shade number {i * 7}." for i in range(40)]
+    texts = [{"id": f"reports/{n}.txt", "text": " ".join(sentences[n * 10:(n + 1) * 10]) + " " + FILLER * 3,
+              "metadata": {"batch": n}} for n in range(4)]
+    ids = [t["id"] for t in texts]
+    job = httpx.post(f"{url}/v1/ingest", json={"texts": texts})
+    assert job.status_code == 202 and job.json()["documents"] == 4
+    job_url = f"{url}/v1/jobs/{job.json()['id']}"
+    seen, answered_while_running = [], 0
+
+    def ask_while_ingesting():
+        nonlocal answered_while_running
+        reply = _chat(url, alpha, "What shade was the beacon repainted in?", max_tokens=4)
+        assert reply.status_code == 200, reply.text
+        answered_while_running += httpx.get(job_url).json()["status"] in ("queued", "running")
+
+    while True:
+        status = httpx.get(job_url).json()
+        hits = httpx.post(f"{url}/v1/retrieve", json={"query": "Quillmoor beacon", "top_k": 200,
+                                                      "documents": ids}).json()["data"]
+        seen.append({doc: sorted(h["chunk"] for h in hits if h["document"] == doc) for doc in ids})
+        ask_while_ingesting()
+        if status["status"] in ("succeeded", "failed"):
+            break
+        time.sleep(0.05)
+    assert status["status"] == "succeeded" and status["done"] == 4 and sorted(status["added"]) == sorted(ids), status
+    assert answered_while_running >= 1  # questions were answered while the job ran, not after it
+    final = seen[-1]
+    assert all(final[doc] for doc in ids)
+    for snapshot in seen:  # every document is absent or whole, never partly there
+        for doc, chunks in snapshot.items():
+            assert chunks in ([], final[doc]), (doc, chunks, final[doc])
+    reply = _chat(url, alpha, "What shade was the beacon repainted in?", documents=ids[:1], max_tokens=4).json()
+    assert {s["document"] for s in reply["cagkit"]["sources"]} == {ids[0]}
+    metrics = httpx.get(f"{url}/metrics").text
+    assert _metric(metrics, "cagkit_store_documents") == len(FACTS) + 4
+    assert _metric(metrics, "cagkit_time_to_first_token_seconds_count", model=alpha) > 0
+    assert _metric(metrics, "cagkit_requests_total", method="POST", route="/v1/ingest", status="202") >= 1
+    bad = httpx.post(f"{url}/v1/ingest", json={"paths": ["/no/such/folder"]})
+    assert bad.status_code == 400 and "/no/such/folder" in bad.json()["error"]["message"]
+
+
+def test_serve_command_refuses_bad_options_and_a_missing_extra(tmp_path, capsys, monkeypatch):
+    assert main(["serve", "--models", "smollm2,smollm2"]) == 2
+    assert "names a model twice" in capsys.readouterr().err
+    assert main(["serve", "--max-loaded", "0"]) == 2
+    assert "--max-loaded must be at least 1" in capsys.readouterr().err
+    assert main(["serve", "--models", "llama-9000", "--port", "1"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if the serve extra were not installed
+    monkeypatch.delitem(sys.modules, "cagkit.serve.app", raising=False)
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'cagkit[serve]'" in err
+
+
+def test_serve_binds_to_this_machine_by_default():
+    from cagkit.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    assert args.host == "127.0.0.1" and args.port == 8000 and args.api_key in (None, os.environ.get("CAGKIT_API_KEY"))
