@@ -1,8 +1,8 @@
 """The research harness: what the scripts in benchmarks/ measure, apart from the runtime.
 
 cagkit never imports it. It builds on cagkit's public names only; the scripts in benchmarks/ are thin command
-lines over it (load models, run, write results files). tests/test_long_context.py, test_multi_agent.py,
-test_routing_benchmark.py and the diagnostics tests of test_translators.py test it with tiny or no models.
+lines over it (load models, run, write results files). tests/lab/ and the diagnostics tests of
+tests/translate/test_translators.py test it with tiny or no models.
 
 - `heldout`: diagnostic contexts for `cagkit.translate.train.heldout.evaluate_translator` (layer swaps, native
   keys or values, the cross-chunk repair), for benchmarks/kv_swap.py, layer_damage.py and heldout_repair.py.

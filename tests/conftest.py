@@ -11,7 +11,7 @@ from cagkit.models.loading import LoadedModel, register_loaded
 from cagkit.models.registry import convert
 
 # The suite's models run on the CPU, also where there is a GPU (which `auto` would pick): tests compare against
-# CPU tensors. tests/test_device.py puts copies on CUDA itself.
+# CPU tensors. tests/models/test_device.py puts copies on CUDA itself.
 os.environ.setdefault("CAGKIT_DEVICE", "cpu")
 # One CPU thread per test process unless OMP_NUM_THREADS says otherwise: the tiny models gain nothing from more,
 # and beside a busy process PyTorch's threads wait on each other (the whole suite took 141 s with its default

@@ -8,7 +8,7 @@ from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.prefill import prefill_kv
 from cagkit.kv.repair import JOINT_LAYERS, blend
 from cagkit.kv.selection import question_priority
-from tests.conftest import make_tiny_gemma3, make_tiny_llama
+from conftest import make_tiny_gemma3, make_tiny_llama
 
 
 def _chunks_and_joint(model, tokenizer):

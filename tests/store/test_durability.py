@@ -163,7 +163,7 @@ def test_ask_answers_from_the_undamaged_chunks_and_names_the_skipped(tiny_llama,
 def test_an_old_store_gets_checksums_and_its_shared_file_is_kept(tiny_llama, dup, tmp_path):
     """A store as ca1dd3f wrote it (two identical documents in one file, no checksums) is migrated: checksums are
     computed from the files, and editing one document no longer deletes the other's KV."""
-    from tests.test_store_migrations import as_written_by_ca1dd3f
+    from tests.store.test_migrations import as_written_by_ca1dd3f
 
     store = tmp_path / "s"
     _ingest(dup, store)

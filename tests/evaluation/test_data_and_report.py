@@ -573,7 +573,7 @@ def test_report_rejects_incomplete_results(tmp_path):
 
 # --- the real evaluation files, when present
 
-DATA = Path(os.environ.get("CAGKIT_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+DATA = Path(os.environ.get("CAGKIT_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
 REAL_FILES = {
     "squad_v2/dev-v2.0.part-a.json": "squad",
     "hotpotqa/dev_subsampled.part-a.jsonl": "hotpotqa",

@@ -193,7 +193,7 @@ def test_killed_ingest_leaves_a_usable_store(tiny_llama, docs, tmp_path):
     for i in range(40):
         (docs / f"extra{i:02d}.txt").write_text(f"Document {i} says the number {i * 7} matters.\n\n" * 30)
     script = textwrap.dedent(f"""
-        import sys; sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+        import sys; sys.path.insert(0, {str(os.path.dirname(os.path.dirname(__file__)))!r})
         import conftest
         from cagkit.models.loading import LoadedModel, register_loaded
         from transformers import AutoTokenizer

@@ -14,7 +14,7 @@ from cagkit.retrieval.rank import RRF_K, rank
 from cagkit.retrieval.search import retrieve
 from cagkit.store.store import Store
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "docs"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "docs"
 
 
 def test_terms_are_lower_cased_words_of_any_script_without_stopwords():
