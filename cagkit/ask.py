@@ -22,7 +22,7 @@ from cagkit.config import (
     Placement,
 )
 from cagkit.errors import CagkitError
-from cagkit.generation import generate, prompt_parts
+from cagkit.generation import context_room, generate, prompt_parts
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.context import PlacedSource, PromptSource, SelectedSentences, context_source
 from cagkit.kv.place import place_chunks
@@ -115,6 +115,7 @@ def ask(
     opened = store if isinstance(store, Store) else Store.open(store)
     try:
         lm = load_model(model, device)
+        context_room(lm, *prompt_parts(lm, question), max_new_tokens)  # the question itself must fit
         t0 = time.perf_counter()
         hits = retrieve(opened, question, top_k, retrieval)
         t1 = time.perf_counter()

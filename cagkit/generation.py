@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from cagkit.config import NO_REPEAT_NGRAM
+from cagkit.errors import CagkitError
 from cagkit.models.device import model_device, synchronize
 
 _CONTEXT_MARK = "\x00CAGKIT-CONTEXT\x00"
@@ -37,6 +38,19 @@ def prompt_parts(lm, question: str) -> tuple[list[int], list[int]]:
     prefix = tok("Context:\n", add_special_tokens=True)["input_ids"]
     suffix = tok(f"\n\nQuestion: {question}\nAnswer:", add_special_tokens=False)["input_ids"]
     return prefix, suffix
+
+
+def context_room(lm, prefix_ids: list[int], suffix_ids: list[int], max_new_tokens: int) -> int:
+    """How many context tokens fit in `lm`'s context (its config's `max_position_embeddings`) beside the prompt's
+    `prefix_ids` and `suffix_ids` (the question) and an answer of `max_new_tokens`; a CagkitError naming the
+    lengths and the fix when the question and the answer alone do not fit."""
+    limit = int(getattr(lm.config, "max_position_embeddings", None) or 1 << 20)
+    fixed = len(prefix_ids) + len(suffix_ids) + max_new_tokens
+    if fixed > limit:
+        raise CagkitError(f"the question is {len(prefix_ids) + len(suffix_ids)} tokens with {lm.name}'s prompt and "
+                          f"the answer may take {max_new_tokens} more, over the model's context of {limit} tokens; "
+                          f"shorten the question or lower the answer's length (--max-new-tokens, max_tokens)")
+    return limit - fixed
 
 
 def stop_ids(lm) -> set[int]:

@@ -279,11 +279,6 @@ class ServerState:
             return {"documents": 0, "chunks": 0, "bytes": self.reader.disk_bytes()}
 
 
-def _context_limit(lm) -> int:
-    """The most positions `lm` can attend over: its config's max_position_embeddings."""
-    return int(getattr(lm.config, "max_position_embeddings", None) or 1 << 20)
-
-
 def _fit(lm, hits, room: int):
     """The best-ranked hits whose text fits in `room` target tokens; the rest are dropped, worst first."""
     kept, used = [], 0
@@ -311,7 +306,7 @@ class Answering:
     def work(self, lm):
         """Runs on the model's thread: retrieve, answer, count. Returns (answer, prompt tokens, answer tokens)."""
         from cagkit.ask import answer_from_chunks
-        from cagkit.generation import prompt_parts
+        from cagkit.generation import context_room, prompt_parts
 
         if self.cancel.is_set():
             raise _Cancelled()
@@ -320,19 +315,16 @@ class Answering:
             q = self.q
             started = time.perf_counter()
             prefix, suffix = prompt_parts(lm, q.question)
-            limit = _context_limit(lm)
-            fixed = len(prefix) + len(suffix) + q.max_new_tokens
-            if fixed > limit:
-                raise ContextTooLong(
-                    f"the question is {len(prefix) + len(suffix)} tokens with {lm.name}'s prompt and the answer "
-                    f"may take {q.max_new_tokens} more, over the model's context of {limit} tokens; shorten the "
-                    f"question or lower max_tokens")
+            try:
+                room = context_room(lm, prefix, suffix, q.max_new_tokens)
+            except CagkitError as exc:
+                raise ContextTooLong(str(exc)) from None
             store, hits = self.state.retrieve(q.question, q.top_k, q.retrieval, q.documents)
             if q.documents is not None and not hits:
                 raise CagkitError(f"none of the documents {', '.join(q.documents)[:300]} is in the store; name "
                                   f"stored documents (POST /v1/retrieve shows their ids) or leave 'documents' out")
             retrieved = time.perf_counter()
-            hits = _fit(lm, hits, limit - fixed)
+            hits = _fit(lm, hits, room)
             answer = answer_from_chunks(lm, store, hits, q.question, q.mode, q.max_new_tokens, self._on_text,
                                         started=started, retrieved=retrieved, placement=q.placement)
             answer.retrieval = q.retrieval

@@ -449,3 +449,11 @@ def test_top_k_below_one_is_refused_before_a_model_loads(store, capsys):
     # an unknown model would be the error if the model were loaded first
     assert main(["ask", "q", "--store", str(store), "--model", "no-such-model", "--top-k", "0"]) == 2
     assert "--top-k must be at least 1, got 0" in _error_line(capsys)
+
+
+def test_a_question_longer_than_the_context_is_refused_with_its_length(store, capsys):
+    capsys.readouterr()
+    question = "Which model is the default source? " * 700  # about 5,000 tokens; the tiny model reads 4,096
+    assert main(["ask", question, "--store", str(store), "--model", "tiny-llama"]) == 2
+    line = _error_line(capsys)
+    assert "over the model's context of 4096 tokens" in line and "shorten the question" in line
