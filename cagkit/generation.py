@@ -15,6 +15,7 @@ import torch
 
 from cagkit.config import NO_REPEAT_NGRAM
 from cagkit.errors import CagkitError
+from cagkit.models.architecture import context_length
 from cagkit.models.device import model_device, synchronize
 
 _CONTEXT_MARK = "\x00CAGKIT-CONTEXT\x00"
@@ -44,7 +45,7 @@ def context_room(lm, prefix_ids: list[int], suffix_ids: list[int], max_new_token
     """How many context tokens fit in `lm`'s context (its config's `max_position_embeddings`) beside the prompt's
     `prefix_ids` and `suffix_ids` (the question) and an answer of `max_new_tokens`; a CagkitError naming the
     lengths and the fix when the question and the answer alone do not fit."""
-    limit = int(getattr(lm.config, "max_position_embeddings", None) or 1 << 20)
+    limit = context_length(lm.config) or 1 << 20  # a config that does not say: no limit of its own
     fixed = len(prefix_ids) + len(suffix_ids) + max_new_tokens
     if fixed > limit:
         raise CagkitError(f"the question is {len(prefix_ids) + len(suffix_ids)} tokens with {lm.name}'s prompt and "
