@@ -112,7 +112,7 @@ def ask(
     placement = Placement(recompute_layers, blend, blend_select)
     if mode == "select":
         SelectedSentences.check(placement)
-    opened = store if isinstance(store, Store) else Store.open(store)
+    opened = Store.open(store) if isinstance(store, (str, Path)) else store
     try:
         lm = load_model(model, device)
         context_room(lm, *prompt_parts(lm, question), max_new_tokens)  # the question itself must fit

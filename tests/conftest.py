@@ -80,3 +80,23 @@ def tiny_gemma(smollm2_tokenizer) -> LoadedModel:
                      fingerprint="tiny-gemma-fp", chat=False)
     register_loaded("tiny-gemma", lm)
     return lm
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory, monkeypatch_session):
+    """An S3-compatible server process for the session (moto), with this process's environment pointed at it."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    from s3server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3"))
+    for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch_session.setenv(key, server.env[key])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def monkeypatch_session():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp

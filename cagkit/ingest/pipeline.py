@@ -54,12 +54,14 @@ def ingest(
     progress: bool = True,
     device: str | None = None,
     wait: bool = False,
+    manifest: str = "sqlite",
 ) -> IngestReport:
     """Add the documents under `paths` to `store`, prefilling each new or changed one with `source`.
 
     Args:
         paths: files and folders (searched recursively for .txt, .md, .rst, .html, .pdf).
-        store: the store directory; created on first use.
+        store: the store: a local folder, created on first use, or a URL (`s3://bucket/prefix`, with the scale
+            extra).
         source: the model that prefills the chunks (alias, Hugging Face id or model directory).
         chunk_tokens: the most source tokens in one chunk.
         prune: drop documents from the store whose files no longer exist (documents added by `ingest_texts`,
@@ -69,6 +71,8 @@ def ingest(
         device: where the source model prefills: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a
             GPU), `cpu`, `cuda` or `cuda:N`. The stored KV is the same either way, up to rounding.
         wait: when another process is writing `store`, wait for it to finish instead of raising `StoreError`.
+        manifest: for a new local store, what keeps its manifest: `sqlite` (the default, one machine) or `lance`
+            (LanceDB, as a store at a URL always is: several writers at once, search indexes; the scale extra).
 
     Unchanged files (same content hash, stored chunks matching their checksums) are skipped; a file that cannot
     be read is skipped with a warning and listed in the report. Each document is committed on its own, so an
@@ -90,7 +94,8 @@ def ingest(
             yield str(file.resolve()), text, None
 
     keep = _still_there if prune else None
-    return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress, device, wait)
+    return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress, device, wait,
+                             manifest=manifest)
 
 
 def _still_there(path: str) -> bool:
@@ -107,6 +112,7 @@ def ingest_texts(
     dtype: str = "float16",
     progress: bool = True,
     device: str | None = None,
+    manifest: str = "sqlite",
 ) -> IngestReport:
     """Add in-memory documents to `store`: the same as `ingest`, for text that is not (or not only) in files.
 
@@ -114,7 +120,7 @@ def ingest_texts(
         items: `(doc_id, text)` or `(doc_id, text, metadata)` per document. `doc_id` names the document in the
             store (as a file's path does) and must be stable across runs for unchanged documents to be skipped;
             `metadata` (JSON-serialisable) is stored with it and returned with its retrieved chunks.
-        store, source, chunk_tokens, dtype, progress, device: as for `ingest`.
+        store, source, chunk_tokens, dtype, progress, device, manifest: as for `ingest`.
         prune: drop documents from the store whose ids are not among `items`.
 
     A document is skipped as unchanged when its text and metadata are both unchanged; empty text is skipped with
@@ -149,7 +155,8 @@ def ingest_texts(
         docs[doc_id] = (doc_id, text, metadata)
     kept = set(docs) | {doc_id for doc_id, _ in report.failed}
     keep = kept.__contains__ if prune else None
-    return _ingest_documents(docs.values(), report, store, source, chunk_tokens, keep, dtype, progress, device)
+    return _ingest_documents(docs.values(), report, store, source, chunk_tokens, keep, dtype, progress, device,
+                             manifest=manifest)
 
 
 def _ingest_documents(
@@ -164,6 +171,7 @@ def _ingest_documents(
     device: str | None = None,
     wait: bool = False,
     rebuild: set[str] = frozenset(),
+    manifest: str = "sqlite",
 ) -> IngestReport:
     """Prefill and store each new or changed `(key, text, metadata)`, and those in `rebuild` whatever their state;
     with `keep`, remove stored documents for which it is false.
@@ -178,7 +186,7 @@ def _ingest_documents(
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)
     started = time.perf_counter()
     tables = RotaryTables(lm.model)
-    with Store.open_for_writing(store, settings, wait=wait) as st:
+    with Store.open_for_writing(store, settings, wait=wait, manifest=manifest) as st:
         report.upgraded = st.upgraded
         report.orphans = st.removed
         todo = []

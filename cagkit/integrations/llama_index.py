@@ -102,7 +102,7 @@ class CAGRetriever(BaseRetriever):
             raise CagkitError(f"similarity_top_k must be at least 1, got {similarity_top_k}")
         check_retrieval(retrieval)
         self.retrieval = retrieval
-        self.store_path = store.path if isinstance(store, Store) else Path(store)
+        self.store_path = store if isinstance(store, (str, Path)) else store.path  # a folder or a URL
         self.similarity_top_k = similarity_top_k
         self._local = threading.local()
         self._store()  # a missing store fails here, not at the first query
@@ -165,7 +165,7 @@ class CAGQueryEngine(BaseQueryEngine):
                 "CAGQueryEngine needs the cagkit store its retriever's nodes come from: pass store=PATH "
                 "(a CAGRetriever tells it by itself)"
             )
-        self.store_path = store.path if isinstance(store, Store) else Path(store)
+        self.store_path = store if isinstance(store, (str, Path)) else store.path  # a folder or a URL
         self.model = model
         self.lm = load_model(model, device)
         self.mode = mode

@@ -25,10 +25,12 @@ class DamagedFile(Exception):
 class KVFile:
     """One KV file's header, read once; its chunks' bytes are read on demand."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path | str, fs=None):
+        # `fs`: an fsspec filesystem holding `path` (a store at a URL); None for a local file
+        self.fs = fs
+        self.path = Path(path) if fs is None else path
         try:
-            with open(self.path, "rb") as f:
+            with self._open() as f:
                 raw = f.read(8)
                 if len(raw) != 8:
                     raise DamagedFile("shorter than a safetensors header")
@@ -38,7 +40,7 @@ class KVFile:
                 header = f.read(length)
                 if len(header) != length:
                     raise DamagedFile("header cut short")
-                size = self.path.stat().st_size
+                size = self.path.stat().st_size if fs is None else fs.size(path)
         except FileNotFoundError:
             raise DamagedFile("missing") from None
         except OSError as exc:
@@ -65,6 +67,12 @@ class KVFile:
                 raise DamagedFile(f"tensor {name} has a bad header entry or lies past the end of the file")
             self.tensors[name] = (dtype, shape, begin, end)
 
+    def _open(self):
+        if self.fs is None:
+            return open(self.path, "rb")
+        # no read-ahead: a chunk is a few byte ranges of a file that may hold many chunks
+        return self.fs.open(self.path, "rb", cache_type="none")
+
     def chunk_names(self, idx: int) -> list[str]:
         """The names of chunk `idx`'s tensors in this file, in name order."""
         prefix = f"{idx}."
@@ -76,7 +84,7 @@ class KVFile:
         out = {}
         digest = hashlib.sha256()
         try:
-            with open(self.path, "rb") as f:
+            with self._open() as f:
                 for name in names:
                     dtype, shape, begin, end = self.tensors[name]
                     buf = bytearray(end - begin)
@@ -110,11 +118,11 @@ def to_torch(dtype: str, shape: list[int], data: bytearray):
     return torch.frombuffer(data, dtype=torch_dtype).reshape(shape)
 
 
-def chunk_checksums(path: Path, indices, required: tuple[str, ...]) -> dict[int, str | None]:
-    """The checksum of each chunk of `indices` in the KV file at `path` as it is now; None for a chunk that lacks
-    one of the `required` tensors (`{i}.<required>`), all None when the file does not parse."""
+def chunk_checksums(path: Path | str, indices, required: tuple[str, ...], fs=None) -> dict[int, str | None]:
+    """The checksum of each chunk of `indices` in the KV file at `path` (on `fs`, if given) as it is now; None for
+    a chunk that lacks one of the `required` tensors (`{i}.<required>`), all None when the file does not parse."""
     try:
-        file = KVFile(path)
+        file = KVFile(path, fs)
     except DamagedFile:
         return {i: None for i in indices}
     result = {}

@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit
     from cagkit.kv.chunk import ChunkKV
 
 FORMAT_VERSION = 1
+MANIFESTS = ("sqlite", "lance")  # what a store's manifest is: SQLite (one machine) or LanceDB (local or s3://)
 _CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences need an embedder
 
 
@@ -159,7 +160,12 @@ class Store:
 
     @classmethod
     def open(cls, path: str | Path) -> "Store":
-        """Open an existing store for reading; a missing or foreign directory is a StoreError."""
+        """Open an existing store for reading; a missing or foreign directory is a StoreError. A URL
+        (`s3://bucket/prefix`) or a local folder holding a LanceDB store opens a `cagkit.store.lance.LanceStore`."""
+        from cagkit.store import lance
+
+        if lance.is_lance_store(path):
+            return lance.LanceStore.open(path)
         path = Path(path)
         manifest = path / "manifest.sqlite"
         if path.exists() and not path.is_dir():
@@ -174,12 +180,21 @@ class Store:
         return cls(path, conn, settings)
 
     @classmethod
-    def open_for_writing(cls, path: str | Path, settings: StoreSettings, wait: bool = False) -> "Store":
+    def open_for_writing(cls, path: str | Path, settings: StoreSettings, wait: bool = False,
+                         manifest: str = "sqlite") -> "Store":
         """Create the store, or open it after checking it was built with the same `settings`. While another
         process writes it: a `StoreError`, or with `wait` a wait until that process is done.
 
         A folder that is neither a store (it has no manifest) nor new or empty is refused: cagkit writes only into
-        folders that are its own."""
+        folders that are its own. A URL, a local LanceDB store, or a new local store with `manifest="lance"`
+        opens a `cagkit.store.lance.LanceStore` (several writers at once, no lock)."""
+        from cagkit.store import lance
+
+        if manifest not in MANIFESTS:
+            raise StoreError(f"manifest must be one of {', '.join(MANIFESTS)}, got {manifest!r}")
+        fresh = not is_store(path)
+        if lance.is_lance_store(path) or (manifest == "lance" and fresh):
+            return lance.LanceStore.open_for_writing(path, settings, wait=wait)
         path = Path(path)
         _check_store_folder(path)
         try:
@@ -599,6 +614,19 @@ class DocumentWriter:
         except (StoreError, OSError):
             pass
         self._files = []
+
+
+def is_store(location: str | Path) -> bool:
+    """Whether `location` already holds a cagkit store of either kind (a URL is asked only of its settings)."""
+    from cagkit.store import lance
+
+    if lance.is_url(location):
+        try:
+            return lance._read_settings(lance._locate(location)) is not None
+        except StoreError:
+            return False
+    path = Path(location)
+    return (path / "manifest.sqlite").exists() or lance.is_lance_store(path)
 
 
 def _size(file: Path) -> int:

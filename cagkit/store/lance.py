@@ -1,0 +1,767 @@
+"""A store whose manifest and search index are LanceDB tables, on local disk or on any S3-compatible service.
+
+`Store.open` and `Store.open_for_writing` return one for a URL (`s3://bucket/prefix`) or a local folder that
+holds one; `cagkit store migrate` copies a store of the default kind (SQLite, one machine) into one. It offers
+what `Store` does (documents, search, `load_chunk`, verify, the writer), so ingest, ask, eval and serve use it
+unchanged, and it differs where being shared demands:
+
+    settings.json                  what the store was built with (as the SQLite store's settings table)
+    manifest/chunks.lance          one row per chunk: its document (path, content hash, metadata, chunk and
+                                   token counts), text, char offsets, token ids and their char spans, unit
+                                   embedding, sentence spans and embeddings, KV file and checksum
+    kv/<sha256>.safetensors        a part of a document's chunks as `Store` writes them; the name is the SHA-256
+                                   of the source model's fingerprint, the format, the dtype, the part's first
+                                   chunk index and every chunk's token ids, so every process, on any machine,
+                                   names the same KV the same way
+
+- **Readers never see a row whose file is missing**: a writer puts its KV files first, then commits all of a
+  document's rows in one LanceDB commit (a merge that also drops the rows of its older version), so a document
+  is replaced whole or not at all.
+- **Several writers at once**: LanceDB commits are versioned and appends from several processes (or machines)
+  are retried against each other; there is no writer lock. A KV file two writers both write has the same name
+  and the same bytes.
+- **Files no row uses** (an interrupted ingest's, or a replaced document's) are removed by the next writer, and
+  by `store repair`, once they are older than `ORPHAN_GRACE_S`: younger ones may belong to a writer that has not
+  committed yet. Only files named as cagkit names KV files are ever removed.
+- **Search**: LanceDB's vector search (exact below `VECTOR_INDEX_ROWS` chunks; an IVF_PQ index, built when a
+  writer closes the store, above) and its full-text (BM25) index, fused by reciprocal rank as `Store` fuses its
+  own; searching a few documents (`documents=`) ranks their rows exactly as `Store` does.
+- **Remote failures**: every S3 request has a timeout and retries (`REMOTE_TIMEOUT_S`, `REMOTE_RETRIES`); what
+  still fails is a one-line StoreError naming the store, never a hang.
+
+Credentials and endpoint come from the environment, as for any S3 client (`AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL` for a service other than AWS, `AWS_DEFAULT_REGION`).
+Needs the `scale` extra: `pip install 'cagkit[scale]'`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from cagkit.errors import StoreError
+from cagkit.files import atomic_write, write_json_atomic
+from cagkit.store.kvfile import DamagedFile, KVFile, chunk_checksums, to_torch
+from cagkit.store.store import (
+    _CHUNK_TENSORS,
+    FORMAT_VERSION,
+    DamagedChunkError,
+    Document,
+    Hit,
+    NewChunk,
+    StoredChunk,
+    StoreSettings,
+    _check_compatible,
+    check_dtype,
+)
+
+SETTINGS_FILE = "settings.json"
+MANIFEST = "manifest"  # the LanceDB database
+TABLE = "chunks"
+VECTOR_INDEX_ROWS = 100_000  # above this many chunks a writer builds an IVF_PQ index as it closes the store
+NPROBES, REFINE_FACTOR = 20, 50  # recall@10 0.99 at 1M synthetic chunks (docs/scale.md)
+CANDIDATES = 100  # each ranking's list, fused by reciprocal rank: at least this many, or 10 x top_k
+ORPHAN_GRACE_S = 3600.0
+REMOTE_TIMEOUT_S = 30
+REMOTE_RETRIES = 3
+_KV_NAME = re.compile(r"[0-9a-f]{64}\.safetensors")
+
+
+def is_url(location: str | Path) -> bool:
+    """Whether `location` names a store by URL (`s3://...`) rather than a local path."""
+    return isinstance(location, str) and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", location) is not None \
+        and not location.startswith("file://")
+
+
+def is_lance_store(location: str | Path) -> bool:
+    """Whether `location` is (or, a URL, is to be) a LanceDB store rather than a SQLite one."""
+    if is_url(location):
+        return True
+    path = Path(str(location).removeprefix("file://"))
+    return (path / SETTINGS_FILE).is_file() and (path / MANIFEST).is_dir()
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _int_id(*parts: str) -> int:
+    """A stable 60-bit id from `parts`: the same in every process and on every machine."""
+    return int(hashlib.sha256("\0".join(parts).encode()).hexdigest()[:15], 16)
+
+
+def kv_file_name(settings: StoreSettings, first: int, token_ids: Iterable[list[int]]) -> str:
+    """The content hash that names a KV file: the source model's fingerprint, format, dtype, first chunk index and
+    every chunk's token ids."""
+    digest = hashlib.sha256(f"{settings.source_fingerprint}\0{FORMAT_VERSION}\0{settings.dtype}\0{first}".encode())
+    for ids in token_ids:
+        digest.update(b"\1" + np.asarray(ids, dtype="<i4").tobytes())
+    return digest.hexdigest() + ".safetensors"
+
+
+@dataclass
+class _Location:
+    """Where a store lives: an fsspec filesystem and the root on it, and the URL LanceDB opens."""
+
+    url: str
+    fs: object
+    root: str
+    remote: bool
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def lance_uri(self) -> str:
+        return self.url.rstrip("/") + "/" + MANIFEST if self.remote else str(Path(self.root) / MANIFEST)
+
+    def storage_options(self) -> dict:
+        if not self.remote:
+            return {}
+        options = {"timeout": f"{REMOTE_TIMEOUT_S}s", "connect_timeout": "5s",
+                   "client_max_retries": str(REMOTE_RETRIES), "client_retry_timeout": f"{REMOTE_TIMEOUT_S * 4}s"}
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+        if endpoint.startswith("http://"):
+            options["allow_http"] = "true"
+        return options
+
+    def error(self, exc: BaseException, doing: str) -> StoreError:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        hint = ("check the URL, AWS_ENDPOINT_URL and your credentials, and that the bucket exists"
+                if self.remote else "check the folder and its permissions")
+        return StoreError(f"cannot {doing} store {self.url} ({reason}); {hint}")
+
+
+def _locate(location: str | Path) -> _Location:
+    try:
+        import fsspec
+    except ImportError:
+        raise StoreError("a store at a URL needs the scale extra: pip install 'cagkit[scale]'") from None
+    text = str(location)
+    if not is_url(text):
+        path = Path(text.removeprefix("file://")).expanduser().absolute()
+        return _Location(str(path), fsspec.filesystem("file", auto_mkdir=True), str(path), remote=False)
+    options = {}
+    if text.startswith("s3://"):
+        options = {"config_kwargs": {"connect_timeout": 5, "read_timeout": REMOTE_TIMEOUT_S,
+                                     "retries": {"max_attempts": REMOTE_RETRIES, "mode": "standard"}},
+                   "skip_instance_cache": True}  # the environment as it is now decides the endpoint
+    try:
+        fs, root = fsspec.core.url_to_fs(text, **options)
+    except (ImportError, ValueError) as exc:
+        raise StoreError(f"cannot open store {text} ({exc}); install the scale extra (pip install 'cagkit[scale]') "
+                         f"or give a local folder or an s3:// URL") from None
+    return _Location(text.rstrip("/"), fs, root, remote=True)
+
+
+def _lancedb():
+    try:
+        import lancedb
+    except ImportError:
+        raise StoreError("this store's manifest is a LanceDB table, which needs the scale extra: "
+                         "pip install 'cagkit[scale]'") from None
+    return lancedb
+
+
+def _schema(dim: int):
+    import pyarrow as pa
+
+    return pa.schema([
+        ("chunk_id", pa.int64()), ("doc_path", pa.string()), ("doc_sha", pa.string()),
+        ("doc_metadata", pa.string()), ("doc_chunks", pa.int32()), ("doc_tokens", pa.int64()),
+        ("ingested_at", pa.float64()), ("idx", pa.int32()), ("text", pa.string()), ("char_start", pa.int32()),
+        ("char_end", pa.int32()), ("n_tokens", pa.int32()), ("token_ids", pa.list_(pa.int32())),
+        ("offsets", pa.list_(pa.int32())), ("vector", pa.list_(pa.float32(), dim)),
+        ("sentence_spans", pa.list_(pa.int32())), ("sentence_embeddings", pa.list_(pa.float32())),
+        ("kv_file", pa.string()), ("checksum", pa.string()),
+    ])
+
+
+_DOC_COLUMNS = ["doc_path", "doc_sha", "doc_metadata", "doc_chunks", "doc_tokens", "idx", "kv_file"]
+
+
+class LanceStore:
+    """A store on LanceDB (see the module's docstring). Open with `Store.open` / `Store.open_for_writing`."""
+
+    kind = "lance"
+
+    def __init__(self, location: _Location, table, settings: StoreSettings, writable: bool):
+        self._loc = location
+        self.path = location.url
+        self._table = table  # None until the first document is committed
+        self.settings = settings
+        self.writable = writable
+        self.upgraded: list[str] = []  # no migrations yet: the format started at the current version
+        self.removed: list[str] = []
+        self._db = None
+
+    # -- opening -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, location: str | Path) -> "LanceStore":
+        loc = _locate(location)
+        settings = _read_settings(loc)
+        if settings is None:
+            raise StoreError(f"no cagkit store at {loc.url} (no {SETTINGS_FILE}); create one with "
+                             f"`cagkit ingest DOCS --store {loc.url}`")
+        return cls(loc, _open_table(loc), settings, writable=False)
+
+    @classmethod
+    def open_for_writing(cls, location: str | Path, settings: StoreSettings, wait: bool = False,
+                         orphan_grace_s: float = ORPHAN_GRACE_S) -> "LanceStore":
+        """Create the store or open it after checking `settings` match. Other writers may work at the same time
+        (`wait` is accepted for `Store`'s sake: there is nothing to wait for)."""
+        loc = _locate(location)
+        if not loc.remote:
+            _check_local_folder(Path(loc.root))
+        existing = _read_settings(loc)
+        if existing is None:
+            _write_settings(loc, settings)
+            existing = _read_settings(loc) or settings  # a writer that created it first decides
+        _check_compatible(loc.url, existing, settings)
+        store = cls(loc, _open_table(loc), existing, writable=True)
+        store.removed = store.remove_orphans(orphan_grace_s)
+        return store
+
+    def close(self) -> None:
+        if self.writable and self._table is not None:
+            self._index()
+        self._table = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- documents -----------------------------------------------------------------------------------------
+
+    def _rows(self, columns: list[str], where: str | None = None):
+        """The manifest's rows (those matching `where`), `columns` only, as a pyarrow table."""
+        table = self._fresh()
+        if table is None:
+            import pyarrow as pa
+
+            return pa.table({c: [] for c in columns})
+        try:
+            query = table.search().select(columns)
+            if where is not None:
+                query = query.where(where)
+            return query.limit(None).to_arrow()
+        except Exception as exc:  # noqa: BLE001 - LanceDB and object-store errors have no common base
+            raise self._loc.error(exc, "read") from None
+
+    def _fresh(self):
+        """The table at its latest version: a reader sees what other processes committed since it opened."""
+        if self._table is None:
+            self._table = _open_table(self._loc)
+        else:
+            try:
+                self._table.checkout_latest()
+            except Exception as exc:  # noqa: BLE001
+                raise self._loc.error(exc, "read") from None
+        return self._table
+
+    def documents(self) -> list[Document]:
+        return sorted(_documents(self._rows(_DOC_COLUMNS)).values(), key=lambda d: d.path)
+
+    def document(self, path: str) -> Document | None:
+        return _documents(self._rows(_DOC_COLUMNS, f"doc_path = {_quote(path)}")).get(path)
+
+    def num_chunks(self) -> int:
+        table = self._fresh()
+        return 0 if table is None else table.count_rows()
+
+    def kv_files(self, doc: Document) -> list[str]:
+        rows = self._rows(["idx", "kv_file"], f"doc_path = {_quote(doc.path)}").to_pylist()
+        return list(dict.fromkeys(r["kv_file"] for r in sorted(rows, key=lambda r: r["idx"])))
+
+    def is_intact(self, doc: Document, checksums: bool = False) -> bool:
+        return not self.check_document(doc, checksums)
+
+    def check_document(self, doc: Document, checksums: bool = True) -> list[str]:
+        rows = sorted(self._rows(["idx", "kv_file", "checksum"], f"doc_path = {_quote(doc.path)}").to_pylist(),
+                      key=lambda r: r["idx"])
+        problems = []
+        if [r["idx"] for r in rows] != list(range(doc.n_chunks)):
+            problems.append(f"the manifest lists {len(rows)} chunks of {doc.n_chunks}")
+        files: dict[str, KVFile | str] = {}
+        for row in rows:
+            idx, name = row["idx"], row["kv_file"]
+            if name not in files:
+                try:
+                    files[name] = KVFile(self._loc.path("kv", name), self._fs)
+                except DamagedFile as exc:
+                    files[name] = str(exc)
+            file = files[name]
+            if isinstance(file, str):
+                problems.append(f"chunk {idx}: KV file {name} is {file}" if file == "missing"
+                                else f"chunk {idx}: KV file {name} does not parse ({file})")
+                continue
+            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in file.tensors]
+            if missing:
+                problems.append(f"chunk {idx}: KV file {name} lacks its {', '.join(missing)}")
+            elif checksums:
+                try:
+                    if file.checksum(idx) != row["checksum"]:
+                        problems.append(f"chunk {idx}: its tensors in KV file {name} do not match their checksum")
+                except DamagedFile as exc:
+                    problems.append(f"chunk {idx}: KV file {name}: {exc}")
+        return problems
+
+    @property
+    def _fs(self):
+        return self._loc.fs if self._loc.remote else None
+
+    def document_writer(self, path: str, sha256: str, metadata: dict | None = None) -> "LanceDocumentWriter":
+        return LanceDocumentWriter(self, path, sha256, metadata)
+
+    def write_document(self, path: str, sha256: str, chunks: list[NewChunk], embeddings: np.ndarray,
+                       metadata: dict | None = None) -> None:
+        with self.document_writer(path, sha256, metadata) as writer:
+            writer.add(chunks, embeddings)
+            writer.commit()
+
+    def remove_document(self, path: str) -> None:
+        """Drop one document's rows (one commit); its KV files go once they are orphans past the grace period."""
+        self._require_writable()
+        table = self._fresh()
+        if table is None:
+            return
+        try:
+            table.delete(f"doc_path = {_quote(path)}")
+        except Exception as exc:  # noqa: BLE001
+            raise self._loc.error(exc, "write to") from None
+
+    def _require_writable(self):
+        if not self.writable:
+            raise StoreError(f"store {self.path} is open for reading; open it with Store.open_for_writing to change it")
+
+    def _kv_listing(self) -> dict[str, dict]:
+        """Every file in kv/ with its size and modification time (seconds since the epoch)."""
+        try:
+            entries = self._loc.fs.ls(self._loc.path("kv"), detail=True)
+        except FileNotFoundError:
+            return {}
+        except Exception as exc:  # noqa: BLE001
+            raise self._loc.error(exc, "list") from None
+        listing = {}
+        for entry in entries:
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            modified = entry.get("LastModified") or entry.get("mtime") or entry.get("created") or 0
+            if hasattr(modified, "timestamp"):
+                modified = modified.timestamp()
+            listing[name] = {"size": entry.get("size") or 0, "modified": float(modified)}
+        return listing
+
+    def summary(self) -> dict:
+        sizes = {name: e["size"] for name, e in self._kv_listing().items()}
+        documents = []
+        for doc in self.documents():
+            documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
+                              "kv_bytes": sum(sizes.get(f, 0) for f in self.kv_files(doc)),
+                              "state": "ok" if self.is_intact(doc) else "damaged", "metadata": doc.metadata})
+        return {"store": self.path, "settings": dict(self.settings.__dict__), "documents": len(documents),
+                "chunks": sum(d["chunks"] for d in documents), "tokens": sum(d["tokens"] for d in documents),
+                "bytes": sum(sizes.values()), "per_document": documents}
+
+    def verify(self) -> dict:
+        """As `Store.verify`; `manifest` is "ok" when the table reads, and `orphans` lists the KV files no row
+        uses (of any age)."""
+        try:
+            self.num_chunks()
+            manifest = "ok"
+        except StoreError as exc:
+            manifest = str(exc)
+        documents = []
+        for doc in self.documents() if manifest == "ok" else []:
+            problems = self.check_document(doc)
+            documents.append({"path": doc.path, "state": "damaged" if problems else "ok", "problems": problems})
+        referenced = set(self._rows(["kv_file"]).column("kv_file").to_pylist()) if manifest == "ok" else set()
+        on_disk = set(self._kv_listing())
+        ours = {n for n in on_disk if _KV_NAME.fullmatch(n)}
+        damaged = [d["path"] for d in documents if d["state"] != "ok"]
+        return {"store": self.path, "ok": manifest == "ok" and not damaged, "manifest": manifest,
+                "documents": documents, "damaged": damaged, "orphans": sorted(ours - referenced),
+                "missing": sorted(referenced - on_disk), "foreign": sorted(on_disk - ours)}
+
+    def remove_orphans(self, older_than_s: float = ORPHAN_GRACE_S) -> list[str]:
+        """Delete the KV files no row uses that were written more than `older_than_s` seconds ago; only files
+        named as cagkit names KV files are considered. The names deleted."""
+        self._require_writable()
+        listing = self._kv_listing()
+        if not listing:
+            return []
+        referenced = set(self._rows(["kv_file"]).column("kv_file").to_pylist())
+        now = time.time()
+        removed = []
+        for name, entry in sorted(listing.items()):
+            if _KV_NAME.fullmatch(name) and name not in referenced and now - entry["modified"] >= older_than_s:
+                try:
+                    self._loc.fs.rm_file(self._loc.path("kv", name))
+                except FileNotFoundError:
+                    continue
+                except Exception as exc:  # noqa: BLE001
+                    raise self._loc.error(exc, "write to") from None
+                removed.append(name)
+        return removed
+
+    # -- retrieval and loading -----------------------------------------------------------------------------
+
+    def search(self, query: np.ndarray, top_k: int, text: str | None = None, retrieval: str = "dense",
+               documents: Iterable[str] | None = None) -> list[Hit]:
+        """As `Store.search`. Over the whole store each ranking is LanceDB's (vector index or exact scan, and the
+        full-text index), fused by reciprocal rank over their first `CANDIDATES` (or 10 x top_k) each; over
+        `documents` their rows are ranked exactly as `Store` ranks them."""
+        from cagkit.retrieval.lexical import LexicalIndex
+        from cagkit.retrieval.rank import check_retrieval, rank
+
+        check_retrieval(retrieval)
+        table = self._fresh()
+        if table is None or table.count_rows() == 0:
+            raise StoreError(f"store {self.path} holds no documents; add some with `cagkit ingest DOCS --store {self.path}`")
+        query = np.asarray(query, dtype=np.float32)
+        columns = ["chunk_id", "doc_path", "idx", "text", "doc_metadata", "vector"]
+        if documents is not None:
+            paths = list(documents)
+            rows = self._rows(columns + ["ingested_at"],
+                              f"doc_path IN ({', '.join(map(_quote, paths))})" if paths else "false")
+            # in the order written, as `Store` keeps them, so that ties rank the same
+            rows = rows.sort_by([("ingested_at", "ascending"), ("doc_path", "ascending"), ("idx", "ascending")])
+            if rows.num_rows == 0:
+                return []
+            vectors = np.stack(rows.column("vector").to_numpy(zero_copy_only=False))
+            dense = vectors @ query
+            lexical = None
+            if retrieval != "dense" and text is not None:
+                lexical = LexicalIndex(rows.column("text").to_pylist()).scores(text)
+            best, scores = rank(dense, lexical, retrieval, top_k)
+            return [_hit(rows, int(i), float(s)) for i, s in zip(best, scores)]
+        want = max(CANDIDATES, 10 * top_k)
+        lists = []
+        try:
+            if retrieval != "lexical":
+                search = table.search(query, vector_column_name="vector").distance_type("dot").select(columns)
+                if any(i.index_type.startswith("IVF") for i in table.list_indices()):
+                    search = search.nprobes(NPROBES).refine_factor(REFINE_FACTOR)
+                lists.append(search.limit(want).to_arrow())
+            if retrieval != "dense":
+                if text is None:
+                    rank(np.zeros(0), None, retrieval, top_k)  # the error rank gives for a missing question
+                from lancedb.query import MatchQuery
+
+                lists.append(table.search(MatchQuery(text, "text"), query_type="fts").select(columns)
+                             .limit(want).to_arrow())
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise self._loc.error(exc, "search") from None
+        return _fuse(lists, query, retrieval, top_k, want)
+
+    def chunk_ids(self, path: str) -> list[int]:
+        rows = self._rows(["chunk_id", "idx"], f"doc_path = {_quote(path)}").to_pylist()
+        if not rows:
+            raise StoreError(f"document {path} is not in store {self.path}")
+        return [r["chunk_id"] for r in sorted(rows, key=lambda r: r["idx"])]
+
+    def load_chunk(self, chunk_id: int) -> StoredChunk:
+        rows = self._rows(["doc_path", "kv_file", "idx", "text", "checksum"], f"chunk_id = {int(chunk_id)}")
+        if rows.num_rows == 0:
+            raise StoreError(f"chunk {chunk_id} is not in store {self.path}")
+        from cagkit.kv.chunk import ChunkKV
+
+        row = rows.to_pylist()[0]
+        doc_path, idx = row["doc_path"], row["idx"]
+        file = self._loc.path("kv", row["kv_file"])
+        try:
+            tensors, actual = KVFile(file, self._fs).read_chunk(idx)
+            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in tensors]
+            if missing:
+                raise DamagedFile(f"chunk {idx} lacks its {', '.join(missing)}")
+            if actual != row["checksum"]:
+                raise DamagedFile(f"chunk {idx} does not match its checksum")
+        except DamagedFile as exc:
+            raise DamagedChunkError(
+                f"KV file {file} of document {doc_path} is damaged ({exc}); run `cagkit store repair --store "
+                f"{self.path}` or `cagkit ingest {doc_path} --store {self.path}` to rebuild it", doc_path, idx
+            ) from None
+        t = {name.split(".", 1)[1]: to_torch(*value) for name, value in tensors.items()}
+        sentences = None
+        if "sentences" in t:
+            sentences = (t["sentences"].numpy(), t["sentence_embeddings"].float().numpy())
+        return StoredChunk(chunk_id, doc_path, idx, row["text"], t["token_ids"].tolist(), t["offsets"],
+                           ChunkKV(t["keys"], t["values"]), sentences)
+
+    # -- writing -------------------------------------------------------------------------------------------
+
+    def _put_kv(self, name: str, tensors: dict, meta: dict, first: int, count: int) -> dict[int, str]:
+        """Write a KV file under its content-hash name unless a complete one is there; its chunks' checksums."""
+        from safetensors.torch import save
+
+        indices = range(first, first + count)
+        target = self._loc.path("kv", name)
+        sums = chunk_checksums(target, indices, _CHUNK_TENSORS, self._fs)
+        if any(v is None for v in sums.values()):
+            data = save(tensors, metadata=meta)
+            try:
+                if self._loc.remote:
+                    self._loc.fs.pipe_file(target, data)  # one PUT: all of the file or nothing
+                else:
+                    Path(target).parent.mkdir(parents=True, exist_ok=True)
+                    with atomic_write(target) as tmp:
+                        tmp.write_bytes(data)
+            except Exception as exc:  # noqa: BLE001
+                raise self._loc.error(exc, "write to") from None
+            sums = chunk_checksums(target, indices, _CHUNK_TENSORS, self._fs)
+            if any(v is None for v in sums.values()):
+                raise StoreError(f"KV file {target} does not read back as written; check store {self.path}")
+        return sums
+
+    def commit_rows(self, rows: list[dict], replace: Iterable[str] = ()) -> None:
+        """Commit manifest rows (`_schema`'s columns) in one LanceDB commit, dropping the older rows of every
+        document in `replace` that the new rows do not overwrite. The KV files the rows name must be written."""
+        self._require_writable()
+        import pyarrow as pa
+
+        replace = list(dict.fromkeys(replace))
+        table = self._fresh()
+        try:
+            if table is None:
+                if not rows:
+                    return
+                # empty, then merged into like any table: a writer that creates it at the same moment is no conflict
+                table = self._table = self._connect().create_table(
+                    TABLE, schema=_schema(len(rows[0]["vector"])), exist_ok=True)
+            data = pa.Table.from_pylist(rows, schema=table.schema)
+            if not rows:
+                if replace:
+                    table.delete(f"doc_path IN ({', '.join(map(_quote, replace))})")
+                return
+            merge = table.merge_insert(["doc_path", "idx"]).when_matched_update_all().when_not_matched_insert_all()
+            if replace:
+                merge = merge.when_not_matched_by_source_delete(f"doc_path IN ({', '.join(map(_quote, replace))})")
+            merge.execute(data)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise self._loc.error(exc, "write to") from None
+
+    def _connect(self):
+        if self._db is None:
+            try:
+                self._db = _lancedb().connect(self._loc.lance_uri(), storage_options=self._loc.storage_options())
+            except Exception as exc:  # noqa: BLE001
+                raise self._loc.error(exc, "open") from None
+        return self._db
+
+    def _index(self) -> None:
+        """Bring the search indexes up to date: a full-text index on the text, a scalar index on chunk ids and,
+        above `VECTOR_INDEX_ROWS` chunks, an IVF_PQ vector index; rows added since are folded in by `optimize`.
+        Another writer doing the same at the same moment may win: its index serves."""
+        table = self._fresh()
+        try:
+            names = {i.name for i in table.list_indices()}
+            if "text_idx" not in names:
+                with warnings.catch_warnings():  # deprecated in name only: its replacement takes no column here
+                    warnings.simplefilter("ignore")
+                    # English stop words out and stems in, for the rows indexed and any added since alike
+                    table.create_fts_index("text", use_tantivy=False, replace=True)
+            if "chunk_id_idx" not in names:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    table.create_scalar_index("chunk_id", replace=True)
+            rows = table.count_rows()
+            if "vector_idx" not in names and rows >= VECTOR_INDEX_ROWS:
+                table.create_index(metric="dot", vector_column_name="vector",
+                                   num_partitions=max(1, round(rows ** 0.5)), num_sub_vectors=48)
+            elif names:
+                table.optimize()
+        except Exception as exc:  # noqa: BLE001 - a concurrent writer's commit; the next close retries
+            warnings.warn(f"store {self.path}: the search index was not updated this time ({str(exc)[:120]}); "
+                          f"searches stay correct, and the next ingest updates it", stacklevel=2)
+
+
+class LanceDocumentWriter:
+    """`DocumentWriter` for a `LanceStore`: each `add` writes one content-addressed KV file, `commit` records every
+    chunk of the document in one commit. Without `commit` nothing is recorded; the files written become orphans."""
+
+    def __init__(self, store: LanceStore, path: str, sha256: str, metadata: dict | None = None):
+        store._require_writable()
+        self.store = store
+        self.path = path
+        self.sha256 = sha256
+        self.metadata = metadata
+        self._rows: list[dict] = []
+        self._committed = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    @property
+    def chunks(self) -> int:
+        return len(self._rows)
+
+    def add(self, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
+        import torch
+
+        from cagkit.store import migrations
+
+        if not chunks:
+            return
+        st = self.store
+        dtype = getattr(torch, check_dtype(st.settings.dtype))
+        first = len(self._rows)
+        tensors = {}
+        for i, c in enumerate(chunks, start=first):
+            tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=dtype).contiguous()
+            tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=dtype).contiguous()
+            tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)
+            tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)
+            if c.sentences is not None:
+                tensors.update(migrations.sentence_tensors(i, c.sentences))
+        name = kv_file_name(st.settings, first, [c.token_ids for c in chunks])
+        meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": st.settings.source_fingerprint,
+                "dtype": st.settings.dtype, "first_chunk": str(first)}
+        sums = st._put_kv(name, tensors, meta, first, len(chunks))
+        del tensors
+        self._rows += [chunk_row(c, i, np.asarray(embeddings[i - first]), name, sums[i])
+                       for i, c in enumerate(chunks, start=first)]
+
+    def commit(self) -> None:
+        rows = document_rows(self.path, self.sha256, self.metadata, self._rows)
+        self.store.commit_rows(rows, replace=[self.path])
+        self._committed = True
+
+
+def chunk_row(c: NewChunk, idx: int, embedding: np.ndarray, kv_file: str, checksum: str) -> dict:
+    """A chunk's manifest row, less the columns of its document (`document_rows` adds them)."""
+    spans, vectors = c.sentences if c.sentences is not None else (np.zeros((0, 2)), np.zeros((0, 0)))
+    return {"idx": idx, "text": c.text, "char_start": c.char_start, "char_end": c.char_end,
+            "n_tokens": len(c.token_ids), "token_ids": [int(t) for t in c.token_ids],
+            "offsets": [int(o) for pair in c.offsets for o in pair],
+            "vector": np.asarray(embedding, dtype=np.float32).tolist(),
+            "sentence_spans": np.asarray(spans, dtype=np.int32).reshape(-1).tolist(),
+            "sentence_embeddings": np.asarray(vectors, dtype=np.float32).reshape(-1).tolist(),
+            "kv_file": kv_file, "checksum": checksum}
+
+
+def document_rows(path: str, sha256: str, metadata: dict | None, rows: list[dict]) -> list[dict]:
+    """`rows` (from `chunk_row`, in chunk order) completed with their document's columns."""
+    now = time.time()
+    tokens = sum(r["n_tokens"] for r in rows)
+    meta = json.dumps(metadata) if metadata else None
+    return [{**r, "chunk_id": _int_id(path, sha256, str(r["idx"])), "doc_path": path, "doc_sha": sha256,
+             "doc_metadata": meta, "doc_chunks": len(rows), "doc_tokens": tokens, "ingested_at": now}
+            for r in rows]
+
+
+def _documents(rows) -> dict[str, Document]:
+    docs: dict[str, Document] = {}
+    first_file: dict[str, tuple[int, str]] = {}
+    for r in rows.to_pylist():
+        path = r["doc_path"]
+        if path not in docs:
+            docs[path] = Document(_int_id(path), path, r["doc_sha"], "", r["doc_chunks"], r["doc_tokens"],
+                                  json.loads(r["doc_metadata"]) if r["doc_metadata"] else {})
+        if path not in first_file or r["idx"] < first_file[path][0]:
+            first_file[path] = (r["idx"], r["kv_file"])
+    return {p: Document(d.id, d.path, d.sha256, first_file[p][1], d.n_chunks, d.n_tokens, d.metadata)
+            for p, d in docs.items()}
+
+
+def _hit(rows, i: int, score: float) -> Hit:
+    meta = rows.column("doc_metadata")[i].as_py()
+    return Hit(rows.column("chunk_id")[i].as_py(), rows.column("doc_path")[i].as_py(), rows.column("idx")[i].as_py(),
+               rows.column("text")[i].as_py(), score, json.loads(meta) if meta else {})
+
+
+def _fuse(lists, query: np.ndarray, retrieval: str, top_k: int, want: int) -> list[Hit]:
+    """The best `top_k` of LanceDB's result lists: by cosine (dense), BM25 (lexical) or reciprocal rank (hybrid,
+    a chunk missing from one list ranked just past its end), scored as `cagkit.retrieval.rank` scores."""
+    import pyarrow as pa
+
+    from cagkit.retrieval.rank import RRF_K
+
+    if retrieval == "dense":
+        rows = lists[0]
+        scores = np.stack(rows.column("vector").to_numpy(zero_copy_only=False)) @ query if rows.num_rows else []
+    elif retrieval == "lexical":
+        rows = lists[0]
+        scores = np.asarray(rows.column("_score").to_numpy(), dtype=np.float64)
+    else:
+        columns = ["chunk_id", "doc_path", "idx", "text", "doc_metadata"]
+        dense, lexical = lists
+        if dense.num_rows:  # the vector index may order by approximate distance: rank by the true cosine
+            cosine = np.stack(dense.column("vector").to_numpy(zero_copy_only=False)) @ query
+            dense = dense.take(np.argsort(-cosine, kind="stable"))
+        rank_of = [{cid: r for r, cid in enumerate(t.column("chunk_id").to_pylist())} for t in (dense, lexical)]
+        rows = pa.concat_tables([dense.select(columns), lexical.select(columns)])
+        ids = rows.column("chunk_id").to_pylist()
+        keep = [i for i, cid in enumerate(ids) if ids.index(cid) == i]
+        rows = rows.take(keep)
+        scores = np.array([(RRF_K + 1) / 2 * sum(1.0 / (RRF_K + 1 + ranks.get(cid, want)) for ranks in rank_of)
+                           for cid in rows.column("chunk_id").to_pylist()])
+    order = np.argsort(-np.asarray(scores), kind="stable")[:top_k]
+    return [_hit(rows, int(i), float(scores[i])) for i in order]
+
+
+def _open_table(loc: _Location):
+    try:
+        db = _lancedb().connect(loc.lance_uri(), storage_options=loc.storage_options())
+        return db.open_table(TABLE) if TABLE in db.list_tables().tables else None
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise loc.error(exc, "open") from None
+
+
+def _read_settings(loc: _Location) -> StoreSettings | None:
+    target = loc.path(SETTINGS_FILE)
+    try:
+        raw = loc.fs.cat_file(target)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # noqa: BLE001
+        raise loc.error(exc, "open") from None
+    try:
+        values = json.loads(raw)
+        if values.get("format_version") != FORMAT_VERSION:
+            raise StoreError(f"store {loc.url} has format version {values.get('format_version')}, this cagkit reads "
+                             f"{FORMAT_VERSION}; ingest the documents into a new store")
+        return StoreSettings(**values)
+    except (ValueError, TypeError, AttributeError):
+        raise StoreError(f"store {loc.url}: {SETTINGS_FILE} is damaged; move the store aside and re-run "
+                         f"`cagkit ingest DOCS --store {loc.url}`") from None
+
+
+def _write_settings(loc: _Location, settings: StoreSettings) -> None:
+    try:
+        if loc.remote:
+            loc.fs.pipe_file(loc.path(SETTINGS_FILE), json.dumps(settings.__dict__, indent=2).encode())
+        else:
+            Path(loc.root).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(Path(loc.root) / SETTINGS_FILE, settings.__dict__)
+    except Exception as exc:  # noqa: BLE001
+        raise loc.error(exc, "write to") from None
+
+
+def _check_local_folder(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"store {path} is a file, not a folder; give a new folder or a cagkit store's folder as --store")
+    if not path.is_dir() or (path / SETTINGS_FILE).exists():
+        return
+    others = sorted(p.name for p in path.iterdir())
+    if others:
+        raise StoreError(f"{path} is not empty and is not a cagkit store (no {SETTINGS_FILE}); give a new or empty "
+                         f"folder as --store, or the folder of an existing store")

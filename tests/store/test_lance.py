@@ -1,0 +1,225 @@
+"""The LanceDB store (issue 33), on local disk and on an S3-compatible server: the same answers as the SQLite
+store, readers in other processes, several writers at once, nothing half-committed, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("lancedb")
+
+from s3server import fake_chunks, settings_for  # noqa: E402
+
+from cagkit.ask import ask  # noqa: E402
+from cagkit.errors import StoreError  # noqa: E402
+from cagkit.ingest.pipeline import ingest, remove  # noqa: E402
+from cagkit.retrieval.search import retrieve  # noqa: E402
+from cagkit.store import lance  # noqa: E402
+from cagkit.store.store import Store  # noqa: E402
+
+LIGHTHOUSE = ("The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison.\n\n"
+              "It is 41 metres tall, and its light can be seen from thirty kilometres away on a clear night.")
+BAKERY = ("The bakery on Mill Street sells rye bread every Tuesday and Friday morning.\n\n"
+          "Its oven was brought from Vienna in 1923 by the founder's grandson, a baker named Josef Weber.")
+QUESTIONS = ["Who built the lighthouse on Kerrow Point?", "Where was the bakery's oven brought from?",
+             "How tall is it?", "rye bread Tuesday"]
+
+
+@pytest.fixture
+def docs(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "lighthouse.md").write_text(LIGHTHOUSE)
+    (folder / "bakery.txt").write_text(BAKERY)
+    return folder
+
+
+def _ingest(docs, store, **kw):
+    return ingest([docs], store=store, source="tiny-llama", chunk_tokens=32, progress=False, **kw)
+
+
+def test_a_lance_store_answers_as_the_sqlite_store_does(tiny_llama, docs, tmp_path):
+    _ingest(docs, tmp_path / "sqlite")
+    report = _ingest(docs, tmp_path / "lance", manifest="lance")
+    assert len(report.added) == 2 and report.chunks == 4
+    assert lance.is_lance_store(tmp_path / "lance") and not lance.is_lance_store(tmp_path / "sqlite")
+    with Store.open(tmp_path / "sqlite") as a, Store.open(tmp_path / "lance") as b:
+        assert isinstance(b, lance.LanceStore)
+        assert [(d.path, d.sha256, d.n_chunks, d.n_tokens) for d in a.documents()] == \
+               [(d.path, d.sha256, d.n_chunks, d.n_tokens) for d in b.documents()]
+        for question in QUESTIONS:
+            for mode in ("dense", "lexical", "hybrid"):
+                ha, hb = retrieve(a, question, 3, mode), retrieve(b, question, 3, mode)
+                if mode == "dense":  # an exact scan in both
+                    assert [(h.doc_path, h.idx) for h in ha] == [(h.doc_path, h.idx) for h in hb], question
+                    np.testing.assert_allclose([h.score for h in ha], [h.score for h in hb], rtol=1e-4, atol=1e-5)
+                elif mode == "lexical":  # LanceDB's BM25 stems words and lists only chunks that share one
+                    shared = [(h.doc_path, h.idx) for h in ha if h.score > 0]
+                    assert [(h.doc_path, h.idx) for h in hb] == shared, question
+                else:
+                    assert (hb[0].doc_path, hb[0].idx) == (ha[0].doc_path, ha[0].idx), question
+                paths = [d.path for d in a.documents()][:1]  # a few documents: ranked exactly as Store ranks
+                ha = a.search(np.asarray(_embed(question)), 2, question, mode, documents=paths)
+                hb = b.search(np.asarray(_embed(question)), 2, question, mode, documents=paths)
+                assert [(h.doc_path, h.idx, round(h.score, 5)) for h in ha] == \
+                       [(h.doc_path, h.idx, round(h.score, 5)) for h in hb]
+        for doc in a.documents():
+            for ia, ib in zip(a.chunk_ids(doc.path), b.chunk_ids(doc.path), strict=True):
+                ca, cb = a.load_chunk(ia), b.load_chunk(ib)
+                assert (ca.text, ca.token_ids) == (cb.text, cb.token_ids)
+                torch.testing.assert_close(ca.kv.keys, cb.kv.keys)
+                np.testing.assert_array_equal(ca.sentences[0], cb.sentences[0])
+        assert b.verify()["ok"]
+    answers = [ask(QUESTIONS[0], store=tmp_path / s, model="tiny-llama", max_new_tokens=4).answer
+               for s in ("sqlite", "lance")]
+    assert answers[0] == answers[1]
+
+
+def _embed(text):
+    from cagkit.retrieval.embeddings import embed_query
+
+    return embed_query(text)
+
+
+def test_a_lance_store_is_incremental_and_replaces_a_document_whole(tiny_llama, docs, tmp_path):
+    store = tmp_path / "lance"
+    _ingest(docs, store, manifest="lance")
+    again = _ingest(docs, store)  # an existing LanceDB store is found as such without saying so
+    assert len(again.unchanged) == 2 and not again.added
+    (docs / "bakery.txt").write_text("The bakery closed in 2019.")
+    changed = _ingest(docs, store)
+    assert [os.path.basename(p) for p in changed.updated] == ["bakery.txt"]
+    with Store.open(store) as st:
+        bakery = st.document(str((docs / "bakery.txt").resolve()))
+        assert bakery.n_chunks == 1 and st.num_chunks() == 3  # the older version's second chunk is gone
+        assert st.load_chunk(st.chunk_ids(bakery.path)[0]).text == "The bakery closed in 2019."
+        found = st.verify()
+        assert found["ok"] and len(found["orphans"]) == 1  # the older version's file, kept for the grace period
+    with lance.LanceStore.open_for_writing(store, _settings(store), orphan_grace_s=0) as st:
+        assert len(st.removed) == 1
+    remove([docs / "bakery.txt"], store=store)
+    with Store.open(store) as st:
+        assert [os.path.basename(d.path) for d in st.documents()] == ["lighthouse.md"]
+
+
+def _settings(store):
+    with Store.open(store) as st:
+        return st.settings
+
+
+def test_damage_in_a_lance_store_is_found_and_named(tiny_llama, docs, tmp_path):
+    store = tmp_path / "lance"
+    _ingest(docs, store, manifest="lance")
+    with Store.open(store) as st:
+        doc = st.document(str((docs / "lighthouse.md").resolve()))
+        file = tmp_path / "lance" / "kv" / st.kv_files(doc)[0]
+    data = bytearray(file.read_bytes())
+    data[-64:-48] = os.urandom(16)
+    file.write_bytes(bytes(data))
+    with Store.open(store) as st:
+        found = st.verify()
+        assert found["damaged"] == [doc.path] and not found["ok"]
+        with pytest.raises(StoreError, match="store repair"):
+            for cid in st.chunk_ids(doc.path):
+                st.load_chunk(cid)
+    (tmp_path / "lance" / "kv" / "notes.txt").write_text("mine")
+    with Store.open(store) as st:
+        assert st.verify()["foreign"] == ["notes.txt"]
+
+
+def test_a_folder_that_is_not_a_store_is_refused_for_a_lance_store(tiny_llama, docs, tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    with pytest.raises(StoreError, match="not empty and is not a cagkit store"):
+        _ingest(docs, folder, manifest="lance")
+    assert (folder / "notes.txt").read_text() == "keep me" and sorted(os.listdir(folder)) == ["notes.txt"]
+
+
+def test_kv_file_names_are_content_hashes_the_same_in_every_process():
+    settings = settings_for("fp")
+    name = lance.kv_file_name(settings, 0, [[1, 2, 3], [4]])
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from cagkit.store import lance; "
+            "from s3server import settings_for; print(lance.kv_file_name(settings_for('fp'), 0, [[1, 2, 3], [4]]))")
+    other = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.dirname(__file__))],
+                           capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "123"}).stdout.strip()
+    assert other == name and len(name) == len("0" * 64 + ".safetensors")
+    assert lance.kv_file_name(settings, 1, [[1, 2, 3], [4]]) != name
+    assert lance.kv_file_name(settings_for("other"), 0, [[1, 2, 3], [4]]) != name
+
+
+# -- on an S3-compatible server ------------------------------------------------------------------------------
+
+def test_a_store_on_s3_written_by_one_process_is_read_by_another(tiny_llama, docs, s3):
+    url = s3.bucket_url("shared") + "/store"
+    report = _ingest(docs, url)
+    assert len(report.added) == 2
+    code = textwrap.dedent(f"""
+        import json
+        from cagkit.retrieval.search import retrieve
+        from cagkit.store.store import Store
+        with Store.open({url!r}) as st:
+            hits = retrieve(st, {QUESTIONS[0]!r}, 2, "hybrid")
+            chunk = st.load_chunk(hits[0].chunk_id)
+            print(json.dumps({{"docs": len(st.documents()), "ok": st.verify()["ok"], "top": hits[0].text,
+                              "tokens": len(chunk.token_ids), "layers": chunk.kv.keys.shape[0]}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=s3.env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["docs"] == 2 and seen["ok"] and "Mara Ellison" in seen["top"] and seen["layers"] == 2
+    with Store.open(url) as st:
+        assert st.verify()["ok"] and all(n.endswith(".safetensors") for n in st.verify()["orphans"] + [""][:0])
+    answer = ask(QUESTIONS[0], store=url, model="tiny-llama", max_new_tokens=3)
+    assert answer.sources and not answer.skipped
+
+
+def test_two_writers_at_once_on_s3_both_land(s3):
+    url = s3.bucket_url("writers") + "/store"
+    code = textwrap.dedent("""
+        import sys
+        from cagkit.store.store import Store
+        from s3server import fake_chunks, settings_for
+        who = sys.argv[1]
+        with Store.open_for_writing(sys.argv[2], settings_for("fp")) as st:
+            for n in range(4):
+                chunks, vectors = fake_chunks(f"{who} document {n}", seed=hash(who) % 1000 + n)
+                st.write_document(f"{who}-{n}", f"{who}{n}".ljust(64, "0"), chunks, vectors)
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code, who, url], env=s3.env, stderr=subprocess.PIPE,
+                              text=True) for who in ("a", "b")]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()[-2000:]
+    with Store.open(url) as st:
+        assert sorted(d.path for d in st.documents()) == [f"{w}-{n}" for w in "ab" for n in range(4)]
+        found = st.verify()
+        assert found["ok"] and not found["orphans"] and not found["missing"]
+
+
+def test_an_unreachable_store_is_a_one_line_error_not_a_hang(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing answers
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    started = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        Store.open("s3://nowhere/store")
+    assert time.monotonic() - started < 120
+    message = str(err.value)
+    assert "\n" not in message and "s3://nowhere/store" in message and "AWS_ENDPOINT_URL" in message
+
+
+def test_fake_chunks_round_trip_with_their_checksums(tmp_path):
+    with Store.open_for_writing(tmp_path / "s", settings_for("fp"), manifest="lance") as st:
+        chunks, vectors = fake_chunks("one two three. four five.", seed=1)
+        st.write_document("doc", "a" * 64, chunks, vectors)
+        loaded = st.load_chunk(st.chunk_ids("doc")[0])
+        torch.testing.assert_close(loaded.kv.keys, chunks[0].kv.keys.half())
