@@ -73,6 +73,7 @@ CANDIDATES = 100  # each ranking's list, fused by reciprocal rank: at least this
 ORPHAN_GRACE_S = 3600.0
 REMOTE_TIMEOUT_S = 30
 REMOTE_RETRIES = 3
+STAGING_PREFIX = "ingest-"  # tables `cagkit ingest --ray` stages rows in: ingest-<unix time>-<random>
 _KV_NAME = re.compile(r"[0-9a-f]{64}\.safetensors")
 
 
@@ -129,6 +130,8 @@ class _Location:
         options = {"timeout": f"{REMOTE_TIMEOUT_S}s", "connect_timeout": "5s",
                    "client_max_retries": str(REMOTE_RETRIES), "client_retry_timeout": f"{REMOTE_TIMEOUT_S * 4}s"}
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+        if endpoint:
+            options["aws_endpoint"] = endpoint  # also for processes that do not share this environment (Ray)
         if endpoint.startswith("http://"):
             options["allow_http"] = "true"
         return options
@@ -185,6 +188,14 @@ def _schema(dim: int):
     ])
 
 
+def staging_schema():
+    """The rows `cagkit ingest --ray` stages: the manifest's, with embeddings of any length."""
+    import pyarrow as pa
+
+    schema = _schema(1)
+    return schema.set(schema.get_field_index("vector"), pa.field("vector", pa.list_(pa.float32())))
+
+
 _DOC_COLUMNS = ["doc_path", "doc_sha", "doc_metadata", "doc_chunks", "doc_tokens", "idx", "kv_file"]
 
 
@@ -230,6 +241,51 @@ class LanceStore:
         store = cls(loc, _open_table(loc), existing, writable=True)
         store.removed = store.remove_orphans(orphan_grace_s)
         return store
+
+    @classmethod
+    def for_workers(cls, location: str | Path, settings: StoreSettings) -> "LanceStore":
+        """The store as a process that only writes KV files sees it (a Ray actor): the driver that opened it for
+        writing did the checks and commits the rows."""
+        return cls(_locate(location), None, settings, writable=True)
+
+    def storage_options(self) -> dict:
+        """What LanceDB (and lance-ray) need to open this store's tables: timeouts, retries, the endpoint."""
+        return self._loc.storage_options()
+
+    def staging_uri(self, name: str) -> str:
+        """Where a staging table `name` of `cagkit ingest --ray` lives: beside the manifest's table."""
+        return self._loc.lance_uri().rstrip("/") + f"/{name}.lance"
+
+    def commit_staged(self, name: str, documents_per_commit: int) -> list[tuple[str, int, int]]:
+        """Commit the rows staged in table `name` into the manifest, `documents_per_commit` documents (each whole,
+        replacing its older version) per commit, then drop the staging table. Returns (path, chunks, tokens) per
+        document committed."""
+        self._require_writable()
+        db = self._connect()
+        try:
+            if name not in db.list_tables().tables:
+                return []
+            rows = db.open_table(name).to_arrow().to_pylist()
+        except Exception as exc:  # noqa: BLE001
+            raise self._loc.error(exc, "read") from None
+        by_doc: dict[str, list[dict]] = {}
+        for row in rows:
+            by_doc.setdefault(row["doc_path"], []).append(row)
+        done = []
+        paths = sorted(by_doc)
+        for start in range(0, len(paths), documents_per_commit):
+            batch = paths[start:start + documents_per_commit]
+            self.commit_rows([r for p in batch for r in sorted(by_doc[p], key=lambda r: r["idx"])], replace=batch)
+            done += [(p, len(by_doc[p]), sum(r["n_tokens"] for r in by_doc[p])) for p in batch]
+        self._drop_table(name)
+        return done
+
+    def _drop_table(self, name: str) -> None:
+        try:
+            self._connect().drop_table(name)
+        except Exception as exc:  # noqa: BLE001
+            warnings.warn(f"store {self.path}: could not drop staging table {name} ({str(exc)[:120]}); the next "
+                          f"writer removes it", stacklevel=2)
 
     def close(self) -> None:
         if self.writable and self._table is not None:
@@ -397,12 +453,21 @@ class LanceStore:
         """Delete the KV files no row uses that were written more than `older_than_s` seconds ago; only files
         named as cagkit names KV files are considered. The names deleted."""
         self._require_writable()
+        removed = []
+        try:
+            tables = self._connect().list_tables().tables
+        except Exception as exc:  # noqa: BLE001
+            raise self._loc.error(exc, "open") from None
+        for name in tables:  # staging tables of `ingest --ray` runs that died before committing
+            found = re.fullmatch(re.escape(STAGING_PREFIX) + r"(\d+)-[0-9a-f]+", name)
+            if found and time.time() - int(found.group(1)) >= older_than_s:
+                self._drop_table(name)
+                removed.append(name)
         listing = self._kv_listing()
         if not listing:
-            return []
+            return removed
         referenced = set(self._rows(["kv_file"]).column("kv_file").to_pylist())
         now = time.time()
-        removed = []
         for name, entry in sorted(listing.items()):
             if _KV_NAME.fullmatch(name) and name not in referenced and now - entry["modified"] >= older_than_s:
                 try:
@@ -611,6 +676,27 @@ class LanceDocumentWriter:
     @property
     def chunks(self) -> int:
         return len(self._rows)
+
+    @property
+    def rows(self) -> list[dict]:
+        """The rows of the chunks added so far, less their document's columns (`document_rows`)."""
+        return list(self._rows)
+
+    def stored(self, token_ids: list[list[int]]) -> dict[int, str] | None:
+        """The checksums of the next part's chunks (by their token ids) if a complete KV file of exactly that part
+        is in the store already (an interrupted run wrote it), else None: then it must be prefilled and `add`ed."""
+        first = len(self._rows)
+        name = kv_file_name(self.store.settings, first, token_ids)
+        sums = chunk_checksums(self.store._loc.path("kv", name), range(first, first + len(token_ids)),
+                               _CHUNK_TENSORS, self.store._fs)
+        return None if any(v is None for v in sums.values()) else sums
+
+    def add_stored(self, chunks: list[NewChunk], embeddings: np.ndarray, sums: dict[int, str]) -> None:
+        """Add the next part from a KV file `stored` found (`chunks` need no KV)."""
+        first = len(self._rows)
+        name = kv_file_name(self.store.settings, first, [c.token_ids for c in chunks])
+        self._rows += [chunk_row(c, i, np.asarray(embeddings[i - first]), name, sums[i])
+                       for i, c in enumerate(chunks, start=first)]
 
     def add(self, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
         import torch

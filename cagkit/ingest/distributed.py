@@ -1,0 +1,191 @@
+"""`cagkit ingest --ray`: the same ingest on a Ray cluster, into a LanceDB store (a URL, or a local folder).
+
+    driver        opens the store (its settings, what it already holds), lists the files
+    Ray Data      reads each file and hashes its text (tasks); unchanged documents stop here
+    actor pool    each actor loads the source model and the embedder once, chunks a document, and for each part
+                  of `PART_TOKENS` tokens writes its KV file to the store (named by content, so a part written by
+                  an earlier, interrupted run is found and not prefilled again) and returns the part's rows
+    lance-ray     writes the rows, from the actors' blocks, to a staging table of this run beside the manifest
+    driver        commits the staged rows into the manifest a batch of documents at a time (each document whole,
+                  replacing its older version in the same commit), then drops the staging table
+
+A run killed at any moment leaves the manifest as it was before the batch being committed, and nothing a reader
+can see points at a missing file; the next run redoes the documents not committed, reusing their KV files.
+One GPU per actor where the cluster has GPUs. Needs the scale extra: `pip install 'cagkit[scale]'`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import time
+import warnings
+from pathlib import Path
+
+from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE
+from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning, StoreError
+from cagkit.ingest.documents import find_documents, read_document
+from cagkit.ingest.pipeline import PART_TOKENS, IngestReport, _parts, _still_there, _token_ends, prefill_chunks
+from cagkit.store.store import NewChunk, Store, StoreSettings, check_dtype
+
+COMMIT_DOCUMENTS = 64  # documents per manifest commit
+
+
+def ingest_ray(
+    paths: list[str | Path],
+    store: str | Path,
+    address: str | None = None,
+    actors: int = 2,
+    source: str = DEFAULT_SOURCE,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    dtype: str = "float16",
+    prune: bool = False,
+    device: str | None = None,
+    progress: bool = True,
+) -> IngestReport:
+    """Add the documents under `paths` to the LanceDB store `store` (a URL, a local LanceDB store, or a new
+    folder, which becomes one) with Ray: `address` is a running cluster's (`ray://host:10001` or `auto`); None
+    starts a local Ray for this run. `actors` source models prefill at once; the other arguments are `ingest`'s.
+
+    The files are read where Ray runs its tasks: on a cluster, give paths every node can read (a shared file
+    system). Unchanged documents (same content hash, KV files whose headers are whole) are skipped."""
+    try:
+        import lance_ray
+        import ray
+    except ImportError:
+        raise CagkitError("cagkit ingest --ray needs the scale extra: pip install 'cagkit[scale]'") from None
+    from cagkit.models.loading import load_model
+    from cagkit.retrieval.embeddings import EMBEDDER_NAME
+    from cagkit.store import lance
+
+    if actors < 1:
+        raise CagkitError(f"--actors must be at least 1, got {actors}")
+    check_dtype(dtype)
+    files = [str(f.resolve()) for f in find_documents(paths)]
+    lm = load_model(source, "cpu")  # the settings need its fingerprint; the actors load their own
+    settings = StoreSettings(source=lm.name, source_fingerprint=lm.fingerprint, dtype=dtype,
+                             chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)
+    started = time.perf_counter()
+    report = IngestReport()
+    with Store.open_for_writing(store, settings, manifest="lance") as st:
+        if not isinstance(st, lance.LanceStore):
+            raise StoreError(f"store {store} keeps its manifest in SQLite, which one machine writes; ingest into a "
+                             f"LanceDB store (a URL or a new folder), or copy this one with `cagkit store migrate`")
+        report.orphans = st.removed
+        known = {d.path: d for d in st.documents()}
+        unchanged = {p: d.sha256 for p, d in known.items() if st.is_intact(d)}
+        staging = f"{lance.STAGING_PREFIX}{int(time.time())}-{secrets.token_hex(3)}"
+        if files:
+            context = ray.init(address=address, **({} if address else _local_ray(actors))) \
+                if not ray.is_initialized() else None
+            try:
+                data_context = ray.data.DataContext.get_current()
+                data_context.enable_progress_bars = progress
+                data_context.print_on_execution_start = progress
+                read = ray.data.from_items([{"path": f} for f in files], override_num_blocks=min(len(files), 64))
+                texts = read.map(_read_and_hash, fn_kwargs={"unchanged": unchanged}, num_cpus=0.25)
+                rows = texts.filter(lambda r: r["status"] == "new").map_batches(
+                    _Prefiller, fn_constructor_kwargs={"store": str(st.path), "source": source,
+                                                       "settings": settings, "device": device},
+                    batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
+                    num_gpus=_gpus_per_actor(ray), batch_format="pyarrow")
+                lance_ray.write_lance(rows, st.staging_uri(staging), schema=lance.staging_schema(),
+                                      mode="create", storage_options=st.storage_options())
+                statuses = texts.select_columns(["path", "status", "reason"]).take_all()
+            finally:
+                if context is not None:
+                    ray.shutdown()
+            for row in statuses:
+                if row["status"] == "unchanged":
+                    report.unchanged.append(row["path"])
+                elif row["status"] == "failed":
+                    warnings.warn(row["reason"], SkippedDocumentWarning, stacklevel=2)
+                    report.failed.append((row["path"], row["reason"]))
+            committed = st.commit_staged(staging, COMMIT_DOCUMENTS)
+            for path, chunks, tokens in committed:
+                (report.updated if path in known else report.added).append(path)
+                report.chunks += chunks
+                report.tokens += tokens
+        if prune:
+            for doc in st.documents():
+                if not _still_there(doc.path):
+                    st.remove_document(doc.path)
+                    report.removed.append(doc.path)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _local_ray(actors: int) -> dict:
+    """A local Ray for one run: a CPU slot per actor and one for reading files and writing rows (at least the
+    machine's cores), no dashboard, a modest object store."""
+    return {"num_cpus": max(os.cpu_count() or 1, actors + 1), "include_dashboard": False,
+            "object_store_memory": 512 << 20, "log_to_driver": False, "logging_level": logging.WARNING}
+
+
+def _gpus_per_actor(ray) -> float:
+    return 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+
+
+def _read_and_hash(row: dict, unchanged: dict[str, str]) -> dict:
+    """A file's text and content hash; `status` is `unchanged`, `failed` (with the reason) or `new`."""
+    path = row["path"]
+    try:
+        text = read_document(Path(path))
+    except DocumentError as exc:
+        return {"path": path, "text": "", "sha": "", "status": "failed", "reason": str(exc)}
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    status = "unchanged" if unchanged.get(path) == sha else "new"
+    return {"path": path, "text": text if status == "new" else "", "sha": sha, "status": status, "reason": ""}
+
+
+class _Prefiller:
+    """A Ray actor: the source model and the embedder, loaded once; a document in, its manifest rows out."""
+
+    def __init__(self, store: str, source: str, settings: StoreSettings, device: str | None):
+        from cagkit.kv.rope import RotaryTables
+        from cagkit.models.loading import load_model
+        from cagkit.store import lance
+
+        self.lm = load_model(source, device)
+        if self.lm.fingerprint != settings.source_fingerprint:
+            raise StoreError(f"the source model {source} on this Ray worker is not the one the driver loaded "
+                             f"(fingerprint {self.lm.fingerprint}, not {settings.source_fingerprint}); install the "
+                             f"same model on every node")
+        self.tables = RotaryTables(self.lm.model)
+        self.store = lance.LanceStore.for_workers(store, settings)
+        self.settings = settings
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        from cagkit.ingest.chunking import chunk_text
+        from cagkit.retrieval.embeddings import embed_with_sentences
+        from cagkit.store import lance
+
+        out = []
+        for path, text, sha in zip(batch.column("path").to_pylist(), batch.column("text").to_pylist(),
+                                   batch.column("sha").to_pylist()):
+            chunks = chunk_text(text, self.lm.count_tokens, self.settings.chunk_tokens,
+                                token_ends=_token_ends(self.lm))
+            counts = [self.lm.count_tokens(c.text) for c in chunks]
+            writer = self.store.document_writer(path, sha)
+            for part, _ in _parts(chunks, counts, PART_TOKENS):
+                vectors, sentences = embed_with_sentences([c.text for c in part])
+                ids = [self.lm.tokenizer(c.text, add_special_tokens=False, return_offsets_mapping=True)
+                       for c in part]
+                stored = writer.stored([e["input_ids"] for e in ids])
+                if stored is not None:  # written by an earlier run that did not commit: no prefill
+                    new = [NewChunk(c.text, c.char_start, c.char_end, e["input_ids"],
+                                    [tuple(o) for o in e["offset_mapping"]], kv=None, sentences=s)
+                           for c, e, s in zip(part, ids, sentences)]
+                    writer.add_stored(new, vectors, stored)
+                    continue
+                new = prefill_chunks(self.lm, self.tables, part)
+                for chunk, kept in zip(new, sentences):
+                    chunk.sentences = kept
+                writer.add(new, vectors)
+            out += lance.document_rows(path, sha, None, writer.rows)
+        return pa.Table.from_pylist(out, schema=lance.staging_schema())
+

@@ -1,0 +1,127 @@
+"""`cagkit ingest --ray` (issue 33): a local Ray with two actors writes a LanceDB store, on disk or on S3, that
+answers as the local ingest's does; a run killed mid-way leaves it consistent and the next run completes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("lance_ray")
+
+from cagkit.ingest.distributed import ingest_ray  # noqa: E402
+from cagkit.ingest.pipeline import ingest  # noqa: E402
+from cagkit.retrieval.search import retrieve  # noqa: E402
+from cagkit.store.store import Store  # noqa: E402
+
+TEXTS = {
+    "lighthouse.md": "The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison.\n\n"
+                     "It is 41 metres tall, and its light can be seen from thirty kilometres away.",
+    "bakery.txt": "The bakery on Mill Street sells rye bread every Tuesday and Friday morning.\n\n"
+                  "Its oven was brought from Vienna in 1923 by a baker named Josef Weber.",
+    "ferry.txt": "The ferry to Inish Mor leaves at nine. It returns at six in summer.\n\n"
+                 "Tickets cost twelve euro. Bicycles travel free on weekdays.",
+    "garden.md": "The walled garden holds four hundred roses. Its gate opens at ten.",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tiny_llama, tmp_path_factory):
+    """The tiny Llama saved as a model folder, which Ray's worker processes load by path."""
+    folder = tmp_path_factory.mktemp("tiny-llama-model")
+    tiny_llama.model.save_pretrained(folder)
+    tiny_llama.tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture
+def docs(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for name, text in TEXTS.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def _state(store):
+    with Store.open(store) as st:
+        found = st.verify()
+        docs = {os.path.basename(d.path): (d.sha256, d.n_chunks) for d in st.documents()}
+        return found, docs, st.num_chunks()
+
+
+def test_a_ray_ingest_with_two_actors_matches_the_local_ingest(tiny_dir, docs, tmp_path):
+    local = ingest([docs], store=tmp_path / "local", source=tiny_dir, chunk_tokens=32, progress=False,
+                   manifest="lance")
+    report = ingest_ray([docs], tmp_path / "ray", actors=2, source=tiny_dir, chunk_tokens=32, progress=False)
+    assert sorted(report.added) == sorted(local.added) and report.chunks == local.chunks
+    found, by_ray, chunks = _state(tmp_path / "ray")
+    assert found["ok"] and not found["orphans"] and by_ray == _state(tmp_path / "local")[1] and chunks == local.chunks
+    with Store.open(tmp_path / "ray") as a, Store.open(tmp_path / "local") as b:
+        for question in ("Who built the lighthouse?", "When does the ferry leave?"):
+            ha, hb = retrieve(a, question, 2, "hybrid"), retrieve(b, question, 2, "hybrid")
+            assert [(h.doc_path, h.idx) for h in ha] == [(h.doc_path, h.idx) for h in hb]
+            assert a.load_chunk(ha[0].chunk_id).kv.keys.shape == b.load_chunk(hb[0].chunk_id).kv.keys.shape
+    again = ingest_ray([docs], tmp_path / "ray", actors=2, source=tiny_dir, chunk_tokens=32, progress=False)
+    assert len(again.unchanged) == len(TEXTS) and not again.added
+    (docs / "garden.md").write_text("The walled garden closed in 2020.")
+    changed = ingest_ray([docs], tmp_path / "ray", actors=1, source=tiny_dir, chunk_tokens=32, progress=False)
+    assert [os.path.basename(p) for p in changed.updated] == ["garden.md"] and len(changed.unchanged) == 3
+    found, by_ray, _ = _state(tmp_path / "ray")
+    assert found["ok"] and len(by_ray) == len(TEXTS)
+
+
+def test_a_ray_ingest_into_s3(tiny_dir, docs, s3):
+    url = s3.bucket_url("rayingest") + "/store"
+    report = ingest_ray([docs], url, actors=2, source=tiny_dir, chunk_tokens=32, progress=False)
+    assert len(report.added) == len(TEXTS)
+    found, by_ray, _ = _state(url)
+    assert found["ok"] and len(by_ray) == len(TEXTS)
+
+
+def test_a_ray_worker_killed_mid_ingest_leaves_the_store_consistent(tiny_dir, docs, tmp_path):
+    """Kill one of the actors' processes while they prefill: whatever the run does then (Ray may restart the
+    actor and finish, or fail), the store verifies, and the next run holds every document once."""
+    for n in range(12):  # more documents, so that the kill lands while the actors are busy
+        (docs / f"extra{n}.txt").write_text(f"Note {n}. " + " ".join(f"word{n}x{i}" for i in range(120)))
+    store = tmp_path / "ray"
+    code = textwrap.dedent(f"""
+        import json
+        from cagkit.ingest.distributed import ingest_ray
+        r = ingest_ray([{str(docs)!r}], {str(store)!r}, actors=2, source={tiny_dir!r}, chunk_tokens=32,
+                       progress=False)
+        print(json.dumps({{"added": len(r.added)}}))
+    """)
+    run = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    killed = _kill_an_actor(store / "kv", deadline=time.monotonic() + 240)
+    out, err = run.communicate(timeout=600)
+    assert killed, f"no actor was found to kill; the run said: {err[-1500:]}"
+    found, _, _ = _state(store) if (store / "settings.json").exists() else ({"ok": True}, {}, 0)
+    assert found["ok"], found
+    report = ingest_ray([docs], store, actors=2, source=tiny_dir, chunk_tokens=32, progress=False)
+    found, by_ray, chunks = _state(store)
+    assert found["ok"] and len(by_ray) == len(TEXTS) + 12, (report, json.dumps(found)[:500])
+    assert chunks == sum(n for _, n in by_ray.values())
+
+
+def _kill_an_actor(kv, deadline: float) -> bool:
+    """SIGKILL one Ray actor process prefilling (named ray::_Prefiller or a Ray Data map worker) once the first
+    KV file is written."""
+    while time.monotonic() < deadline:
+        if kv.is_dir() and any(kv.iterdir()):
+            out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+            pids = [int(line.split()[0]) for line in out.splitlines()[1:]
+                    if "ray::" in line and ("Prefiller" in line or "MapWorker" in line)]
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                return True
+        time.sleep(0.05)
+    return False
