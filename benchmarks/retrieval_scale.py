@@ -143,7 +143,7 @@ def worker_lance(db_path: str, q_path: str, metric: str, settings: list) -> dict
 
     base = rss_mib()
     t = time.perf_counter()
-    table = lancedb.connect(db_path).open_table("chunks")
+    table = lancedb.connect(db_path, storage_options=_storage(db_path)).open_table("chunks")
     open_s = time.perf_counter() - t
     queries = np.load(q_path)
     out = {"rss_before_open_mib": base["rss_mib"], "open_s": round(open_s, 3), "settings": []}
@@ -174,11 +174,16 @@ def run_worker(kind: str, *args) -> dict:
 
 # ---- one size ----
 
-def lance_build(emb_path: Path, db_path: Path) -> dict:
+def _storage(db_path) -> dict:
+    """LanceDB's options for a table on the S3-compatible server of --s3 (plain HTTP on this machine)."""
+    return {"allow_http": "true"} if str(db_path).startswith("s3://") else {}
+
+
+def lance_build(emb_path: Path, db_path) -> dict:
     import lancedb
     import pyarrow as pa
 
-    if db_path.exists():
+    if not str(db_path).startswith("s3://") and Path(db_path).exists():
         shutil.rmtree(db_path)
     emb = np.load(emb_path, mmap_mode="r")
     schema = pa.schema([pa.field("id", pa.int64()), pa.field("vector", pa.list_(pa.float32(), DIM))])
@@ -190,13 +195,15 @@ def lance_build(emb_path: Path, db_path: Path) -> dict:
             yield pa.record_batch([pa.array(np.arange(s, s + len(block), dtype=np.int64)), vec], schema=schema)
 
     t = time.perf_counter()
-    db = lancedb.connect(str(db_path))
+    db = lancedb.connect(str(db_path), storage_options=_storage(db_path))
     table = db.create_table("chunks", data=pa.RecordBatchReader.from_batches(schema, batches()))
     create_s = time.perf_counter() - t
     return {"table": table, "create_s": round(create_s, 2), "rows": table.count_rows()}
 
 
-def disk_mib(path: Path) -> float:
+def disk_mib(path) -> float | None:
+    if str(path).startswith("s3://"):
+        return None
     return round(sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20, 1)
 
 
@@ -232,11 +239,12 @@ def run_size(n: int, args, save) -> dict:
         import lancedb
     except ImportError:
         raise SystemExit("lancedb is not installed: .venv/bin/pip install lancedb (or run with --no-lance)")
-    db_path = work / "lancedb"
-    print(f"[{n}] lancedb: creating the table ...", flush=True)
+    db_path = f"{args.s3}/n{n}" if args.s3 else work / "lancedb"
+    print(f"[{n}] lancedb: creating the table at {db_path} ...", flush=True)
     built = lance_build(emb_path, db_path)
     table = built.pop("table")
-    lance = {"version": lancedb.__version__, "metric": args.metric, **built, "indexes": []}
+    lance = {"version": lancedb.__version__, "metric": args.metric, "where": "s3 (moto on this machine)" if args.s3
+             else "local disk", **built, "indexes": []}
     lance["table_disk_mib"] = disk_mib(db_path)
     res["lancedb"] = lance
     save(res)
@@ -261,7 +269,7 @@ def run_size(n: int, args, save) -> dict:
         entry["query"] = q
         lance["indexes"].append(entry)
         save(res)
-    if not args.keep:
+    if not args.keep and not args.s3:
         shutil.rmtree(db_path, ignore_errors=True)
     return res
 
@@ -300,7 +308,10 @@ def main() -> None:
     ap.add_argument("--no-lance", action="store_true", help="only the exact scan")
     ap.add_argument("--workdir", default="/tmp/cagkit-retrieval-scale", help="synthetic data and tables")
     ap.add_argument("--keep", action="store_true", help="keep the LanceDB tables after the run")
-    ap.add_argument("--out", default=str(ROOT / "docs/results/retrieval-scale.json"))
+    ap.add_argument("--s3", action="store_true", help="the LanceDB tables on an S3-compatible server (moto, started "
+                                                      "here) instead of local disk; results to retrieval-scale-s3.json")
+    ap.add_argument("--out", default=None, help="results file (default: docs/results/retrieval-scale.json, or "
+                                                "retrieval-scale-s3.json with --s3)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("worker_args", nargs="?", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -308,6 +319,16 @@ def main() -> None:
         fn = {"exact": worker_exact, "lance": worker_lance}[args.worker]
         print(json.dumps(fn(*json.loads(args.worker_args))))
         return
+    args.out = args.out or str(ROOT / "docs/results" / ("retrieval-scale-s3.json" if args.s3 else "retrieval-scale.json"))
+    server = None
+    if args.s3:
+        from lab.s3server import S3Server
+
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        server = S3Server(Path(args.workdir))
+        os.environ.update({k: server.env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                      "AWS_DEFAULT_REGION")})
+        args.s3 = server.bucket_url("retrieval-scale")
     args.sub_vectors = [int(x) for x in args.sub_vectors.split(",") if x]
     args.nprobes = [int(x) for x in args.nprobes.split(",") if x]
     args.refine = [int(x) or None for x in args.refine.split(",") if x]
@@ -331,7 +352,8 @@ def main() -> None:
         doc = {
             "benchmark": "benchmarks/retrieval_scale.py",
             "what": "dense top-10 retrieval over synthetic unit-normalised 384-dim float32 embeddings: cagkit's "
-                    "exact numpy scan against LanceDB IVF_PQ on local disk; recall@10 against the exact top-10",
+                    "exact numpy scan against LanceDB IVF_PQ on local disk (or, with --s3, on an S3-compatible server); "
+                    "recall@10 against the exact top-10",
             "settings": {"dim": DIM, "top_k": TOP_K, "queries": args.queries, "warmup_queries": WARMUP,
                          "centres": args.centres, "sigma": args.sigma, "seed": args.seed, "metric": args.metric,
                          "queries_are": "fresh draws from the same mixture (not copies of stored vectors)",
@@ -348,11 +370,15 @@ def main() -> None:
         return doc
 
     doc = None
-    for n in sizes:
-        t = time.perf_counter()
-        r = run_size(n, args, save)
-        r["wall_s"] = round(time.perf_counter() - t, 1)
-        doc = save(r, partial=False)
+    try:
+        for n in sizes:
+            t = time.perf_counter()
+            r = run_size(n, args, save)
+            r["wall_s"] = round(time.perf_counter() - t, 1)
+            doc = save(r, partial=False)
+    finally:
+        if server is not None:
+            server.stop()
     if doc is None:
         return
     print("\n".join(table_lines(doc["sizes"])))

@@ -6,6 +6,7 @@ import sys
 
 from cagkit.cli.options import add_device_options, add_store_option
 from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, KV_DTYPES
+from cagkit.store.store import MANIFESTS
 
 
 def add_parser(sub) -> None:
@@ -22,23 +23,39 @@ def add_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--wait", action="store_true", help="when another cagkit process is writing the store, wait for it "
                                                        "to finish instead of stopping")
+    p.add_argument("--manifest", default="sqlite", choices=list(MANIFESTS),
+                   help="for a new local store: keep its manifest in SQLite (one machine) or LanceDB (several "
+                        "writers, search indexes; what a store at a URL always uses) (default: %(default)s)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="ingest on Ray into a LanceDB store: the cluster at ADDRESS (ray://host:10001, or auto), "
+                        "or without ADDRESS a local Ray started for the run (needs the scale extra)")
+    p.add_argument("--actors", type=int, default=2, help="with --ray: source models prefilling at once, one per "
+                                                         "actor, each with a GPU where the cluster has them "
+                                                         "(default: %(default)s)")
     add_device_options(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from cagkit.ingest.pipeline import ingest
+    if args.ray is not None:
+        from cagkit.ingest.distributed import ingest_ray
 
-    report = ingest(args.paths, store=args.store, source=args.source, chunk_tokens=args.chunk_tokens,
-                    prune=args.prune, dtype=args.dtype, progress=not args.quiet, device=args.device,
-                    wait=args.wait)
+        report = ingest_ray(args.paths, args.store, address=None if args.ray == "local" else args.ray,
+                            actors=args.actors, source=args.source, chunk_tokens=args.chunk_tokens,
+                            dtype=args.dtype, prune=args.prune, device=args.device, progress=not args.quiet)
+    else:
+        from cagkit.ingest.pipeline import ingest
+
+        report = ingest(args.paths, store=args.store, source=args.source, chunk_tokens=args.chunk_tokens,
+                        prune=args.prune, dtype=args.dtype, progress=not args.quiet, device=args.device,
+                        wait=args.wait, manifest=args.manifest)
     print(
         f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "
         f"{len(report.removed)} removed, {len(report.failed)} skipped; {report.chunks} chunks, {report.tokens} tokens "
         f"in {report.seconds:.1f} s ({report.tokens_per_s:.0f} tokens/s) -> {args.store}"
     )
     if report.orphans:
-        print(f"removed {len(report.orphans)} KV files an interrupted run of cagkit had left in {args.store}/kv")
+        print(f"removed {len(report.orphans)} files an interrupted run of cagkit had left in {args.store}")
     if report.upgraded:
         print(f"{len(report.upgraded)} unchanged documents were given the sentence embeddings this cagkit keeps")
     for path, reason in report.failed:

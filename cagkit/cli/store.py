@@ -1,6 +1,6 @@
-"""`cagkit store info|verify|repair|remove`: what a store holds (`Store.summary`), whether every part of it is
-intact (`Store.verify`), rebuild what is not (`cagkit.ingest.pipeline.repair`), or drop documents from it
-(`cagkit.ingest.pipeline.remove`)."""
+"""`cagkit store info|verify|repair|migrate|remove`: what a store holds (`Store.summary`), whether every part of it
+is intact (`Store.verify`), rebuild what is not (`cagkit.ingest.pipeline.repair`), copy it into a LanceDB store
+(`cagkit.store.lance.migrate`), or drop documents from it (`cagkit.ingest.pipeline.remove`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from cagkit.cli.options import add_device_options, add_store_option
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("store", help="what a store holds, check or repair it, or drop documents from it")
+    p = sub.add_parser("store", help="what a store holds, check, repair or migrate it, or drop documents from it")
     ssub = p.add_subparsers(dest="store_command", required=True)
     t = ssub.add_parser("info", help="the store's settings and, per document, chunks, tokens, KV size and state",
                         epilog="exit status: 0 when every document is intact, 1 when some are damaged (their KV files "
@@ -35,10 +35,31 @@ def add_parser(sub) -> None:
     t.add_argument("--wait", action="store_true", help="when another cagkit process is writing the store, wait for it")
     add_device_options(t)
     t.set_defaults(func=run_repair)
+    t = ssub.add_parser("migrate", help="copy a store into a LanceDB store at a URL (s3://bucket/prefix) or a new "
+                                        "folder, KV as stored, no model run",
+                        epilog="exit status: 0 when every document was copied or was there already, 1 when some "
+                               "damaged documents were left out (each is named; repair the store and migrate again)")
+    add_store_option(t)
+    t.add_argument("--to", required=True, metavar="URL", help="the LanceDB store to copy into: s3://bucket/prefix "
+                                                              "(with AWS_ENDPOINT_URL for a service other than AWS) "
+                                                              "or a local folder")
+    t.set_defaults(func=run_migrate)
     t = ssub.add_parser("remove", help="drop documents (by file, or every one under a folder) without re-ingesting")
     t.add_argument("paths", nargs="+", help="stored documents: their files or folders, or ids given to ingest_texts")
     add_store_option(t)
     t.set_defaults(func=run_remove)
+
+
+def run_migrate(args) -> int:
+    from cagkit.store.lance import migrate
+
+    done = migrate(args.store, args.to)
+    for path in done["damaged"]:
+        print(f"left out {path}: damaged; `cagkit store repair --store {args.store}` rebuilds it, then migrate again",
+              file=sys.stderr)
+    print(f"{len(done['copied'])} copied, {len(done['unchanged'])} there already, {len(done['damaged'])} left out "
+          f"-> {args.to}")
+    return 1 if done["damaged"] else 0
 
 
 def run_info(args) -> int:

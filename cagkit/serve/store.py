@@ -7,7 +7,8 @@ import threading
 from pathlib import Path
 
 from cagkit.errors import StoreError
-from cagkit.store.store import Store
+from cagkit.store import lance
+from cagkit.store.store import Store, is_store
 
 
 class StoreMissing(StoreError):
@@ -24,7 +25,7 @@ class StoreReader:
     """
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = path if lance.is_url(path) else Path(path)
         self._local = threading.local()
         self._writes = 0  # this server's commits, counted by `written`
 
@@ -51,7 +52,10 @@ class StoreReader:
     def version(self) -> tuple | None:
         """What changes whenever a commit changes the manifest: this server's commits, SQLite's change counter
         in the file's header, and the size and time of the file and of its write-ahead log (where SQLite commits
-        in WAL mode); None when there is no store."""
+        in WAL mode); None when there is no store. A LanceDB store (a URL, or a local one) reads the latest
+        version of its manifest at every search and load, so it is opened once per thread."""
+        if lance.is_lance_store(self.path):
+            return ("lance",) if is_store(self.path) else None
         manifest = self.path / "manifest.sqlite"
         try:
             with open(manifest, "rb") as f:
@@ -67,7 +71,12 @@ class StoreReader:
         return self._writes, header, main.st_mtime_ns, main.st_size, wal_key
 
     def disk_bytes(self) -> int:
-        """The store's size on disk: its manifest and KV files."""
+        """The store's size on disk: its manifest and KV files (a LanceDB store: its KV files)."""
+        if lance.is_lance_store(self.path):
+            try:
+                return self.current().summary()["bytes"]
+            except StoreError:
+                return 0
         total = 0
         for folder in (self.path, self.path / "kv"):
             try:

@@ -25,10 +25,12 @@ class DamagedFile(Exception):
 class KVFile:
     """One KV file's header, read once; its chunks' bytes are read on demand."""
 
-    def __init__(self, path: Path | str, fs=None):
-        # `fs`: an fsspec filesystem holding `path` (a store at a URL); None for a local file
+    def __init__(self, path: Path | str | bytes, fs=None):
+        # `fs`: an fsspec filesystem holding `path` (a store at a URL); None for a local file; `path` may also be
+        # the file's bytes, as a writer holds them before writing
         self.fs = fs
-        self.path = Path(path) if fs is None else path
+        self._data = bytes(path) if isinstance(path, (bytes, bytearray)) else None
+        self.path = path if fs is not None or self._data is not None else Path(path)
         try:
             with self._open() as f:
                 raw = f.read(8)
@@ -40,7 +42,8 @@ class KVFile:
                 header = f.read(length)
                 if len(header) != length:
                     raise DamagedFile("header cut short")
-                size = self.path.stat().st_size if fs is None else fs.size(path)
+                size = len(self._data) if self._data is not None else \
+                    self.path.stat().st_size if fs is None else fs.size(path)
         except FileNotFoundError:
             raise DamagedFile("missing") from None
         except OSError as exc:
@@ -68,6 +71,10 @@ class KVFile:
             self.tensors[name] = (dtype, shape, begin, end)
 
     def _open(self):
+        if self._data is not None:
+            import io
+
+            return io.BytesIO(self._data)
         if self.fs is None:
             return open(self.path, "rb")
         # no read-ahead: a chunk is a few byte ranges of a file that may hold many chunks
@@ -118,9 +125,10 @@ def to_torch(dtype: str, shape: list[int], data: bytearray):
     return torch.frombuffer(data, dtype=torch_dtype).reshape(shape)
 
 
-def chunk_checksums(path: Path | str, indices, required: tuple[str, ...], fs=None) -> dict[int, str | None]:
-    """The checksum of each chunk of `indices` in the KV file at `path` (on `fs`, if given) as it is now; None for
-    a chunk that lacks one of the `required` tensors (`{i}.<required>`), all None when the file does not parse."""
+def chunk_checksums(path: Path | str | bytes, indices, required: tuple[str, ...], fs=None) -> dict[int, str | None]:
+    """The checksum of each chunk of `indices` in the KV file at `path` (on `fs`, if given; or in these bytes) as it
+    is now; None for a chunk that lacks one of the `required` tensors (`{i}.<required>`), all None when the file
+    does not parse."""
     try:
         file = KVFile(path, fs)
     except DamagedFile:

@@ -88,7 +88,7 @@ def is_lance_store(location: str | Path) -> bool:
     if is_url(location):
         return True
     path = Path(str(location).removeprefix("file://"))
-    return (path / SETTINGS_FILE).is_file() and (path / MANIFEST).is_dir()
+    return (path / SETTINGS_FILE).is_file() and not (path / "manifest.sqlite").exists()
 
 
 def _quote(value: str) -> str:
@@ -514,7 +514,8 @@ class LanceStore:
         lists = []
         try:
             if retrieval != "lexical":
-                search = table.search(query, vector_column_name="vector").distance_type("dot").select(columns)
+                search = table.search(query, vector_column_name="vector").distance_type("dot") \
+                    .select(columns + ["_distance"])
                 if any(i.index_type.startswith("IVF") for i in table.list_indices()):
                     search = search.nprobes(NPROBES).refine_factor(REFINE_FACTOR)
                 lists.append(search.limit(want).to_arrow())
@@ -523,8 +524,8 @@ class LanceStore:
                     rank(np.zeros(0), None, retrieval, top_k)  # the error rank gives for a missing question
                 from lancedb.query import MatchQuery
 
-                lists.append(table.search(MatchQuery(text, "text"), query_type="fts").select(columns)
-                             .limit(want).to_arrow())
+                lists.append(table.search(MatchQuery(text, "text"), query_type="fts")
+                             .select(columns + ["_score"]).limit(want).to_arrow())
         except StoreError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -568,14 +569,15 @@ class LanceStore:
     # -- writing -------------------------------------------------------------------------------------------
 
     def _put_kv(self, name: str, tensors: dict, meta: dict, first: int, count: int) -> dict[int, str]:
-        """Write a KV file under its content-hash name unless a complete one is there; its chunks' checksums."""
+        """Write a KV file under its content-hash name unless the file there holds exactly these tensors (another
+        writer's, or an interrupted run's); its chunks' checksums."""
         from safetensors.torch import save
 
         indices = range(first, first + count)
         target = self._loc.path("kv", name)
-        sums = chunk_checksums(target, indices, _CHUNK_TENSORS, self._fs)
-        if any(v is None for v in sums.values()):
-            data = save(tensors, metadata=meta)
+        data = save(tensors, metadata=meta)
+        want = chunk_checksums(data, indices, _CHUNK_TENSORS)
+        if chunk_checksums(target, indices, _CHUNK_TENSORS, self._fs) != want:
             try:
                 if self._loc.remote:
                     self._loc.fs.pipe_file(target, data)  # one PUT: all of the file or nothing
@@ -585,10 +587,9 @@ class LanceStore:
                         tmp.write_bytes(data)
             except Exception as exc:  # noqa: BLE001
                 raise self._loc.error(exc, "write to") from None
-            sums = chunk_checksums(target, indices, _CHUNK_TENSORS, self._fs)
-            if any(v is None for v in sums.values()):
+            if chunk_checksums(target, indices, _CHUNK_TENSORS, self._fs) != want:
                 raise StoreError(f"KV file {target} does not read back as written; check store {self.path}")
-        return sums
+        return want
 
     def commit_rows(self, rows: list[dict], replace: Iterable[str] = ()) -> None:
         """Commit manifest rows (`_schema`'s columns) in one LanceDB commit, dropping the older rows of every
@@ -684,7 +685,8 @@ class LanceDocumentWriter:
 
     def stored(self, token_ids: list[list[int]]) -> dict[int, str] | None:
         """The checksums of the next part's chunks (by their token ids) if a complete KV file of exactly that part
-        is in the store already (an interrupted run wrote it), else None: then it must be prefilled and `add`ed."""
+        is in the store already (an interrupted run wrote it), else None: then it must be prefilled and `add`ed.
+        Files are only ever published whole (a rename, or one PUT), so a complete file is what a writer wrote."""
         first = len(self._rows)
         name = kv_file_name(self.store.settings, first, token_ids)
         sums = chunk_checksums(self.store._loc.path("kv", name), range(first, first + len(token_ids)),
@@ -730,6 +732,47 @@ class LanceDocumentWriter:
         self._committed = True
 
 
+def migrate(source: str | Path, target: str | Path, progress=None) -> dict:
+    """Copy the SQLite store `source` into the LanceDB store `target` (a URL or a new local folder): every intact
+    document with its KV as stored (no model runs), a KV file per part of the source's. `source` is only read.
+    Documents `target` already holds unchanged are skipped, so an interrupted copy resumes. Returns the paths
+    `copied`, `unchanged`, and `damaged` (left out: repair the source and migrate again)."""
+    from cagkit.store.store import Store
+
+    done = {"copied": [], "unchanged": [], "damaged": []}
+    with Store.open(source) as src:
+        if isinstance(src, LanceStore):
+            raise StoreError(f"store {source} is a LanceDB store already; give the folder of a SQLite store as --store")
+        with LanceStore.open_for_writing(target, src.settings) as dst:
+            held = {d.path: d for d in dst.documents()}
+            for doc in src.documents():
+                old = held.get(doc.path)
+                if old is not None and old.sha256 == doc.sha256 and old.metadata == doc.metadata and dst.is_intact(old):
+                    done["unchanged"].append(doc.path)
+                    continue
+                if not src.is_intact(doc, checksums=True):
+                    done["damaged"].append(doc.path)
+                    continue
+                with dst.document_writer(doc.path, doc.sha256, doc.metadata or None) as writer:
+                    part, vectors, part_file = [], [], None
+                    for chunk_id, start, end, embedding, kv_file in src.chunk_rows(doc):
+                        if part and kv_file != part_file:  # the source's parts stay parts
+                            writer.add(part, np.stack(vectors))
+                            part, vectors = [], []
+                        stored = src.load_chunk(chunk_id)
+                        part.append(NewChunk(stored.text, start, end, stored.token_ids,
+                                             [tuple(o) for o in stored.offsets.tolist()], stored.kv, stored.sentences))
+                        vectors.append(embedding)
+                        part_file = kv_file
+                    if part:
+                        writer.add(part, np.stack(vectors))
+                    writer.commit()
+                done["copied"].append(doc.path)
+                if progress is not None:
+                    progress(doc.path)
+    return done
+
+
 def chunk_row(c: NewChunk, idx: int, embedding: np.ndarray, kv_file: str, checksum: str) -> dict:
     """A chunk's manifest row, less the columns of its document (`document_rows` adds them)."""
     spans, vectors = c.sentences if c.sentences is not None else (np.zeros((0, 2)), np.zeros((0, 0)))
@@ -772,12 +815,22 @@ def _hit(rows, i: int, score: float) -> Hit:
                rows.column("text")[i].as_py(), score, json.loads(meta) if meta else {})
 
 
+def rrf_scores(rankings: list[list[int]], missing_rank: int) -> dict[int, float]:
+    """Reciprocal rank fusion of ranked id lists, each id scoring 1 / (RRF_K + 1 + rank) per list (rank
+    `missing_rank` in a list that lacks it), summed and scaled as `cagkit.retrieval.rank` scales: 1 for an id
+    first in every list of two."""
+    from cagkit.retrieval.rank import RRF_K
+
+    where = [{cid: r for r, cid in enumerate(ids)} for ids in rankings]
+    every = dict.fromkeys(cid for ids in rankings for cid in ids)
+    return {cid: (RRF_K + 1) / 2 * sum(1.0 / (RRF_K + 1 + ranks.get(cid, missing_rank)) for ranks in where)
+            for cid in every}
+
+
 def _fuse(lists, query: np.ndarray, retrieval: str, top_k: int, want: int) -> list[Hit]:
     """The best `top_k` of LanceDB's result lists: by cosine (dense), BM25 (lexical) or reciprocal rank (hybrid,
     a chunk missing from one list ranked just past its end), scored as `cagkit.retrieval.rank` scores."""
     import pyarrow as pa
-
-    from cagkit.retrieval.rank import RRF_K
 
     if retrieval == "dense":
         rows = lists[0]
@@ -791,13 +844,14 @@ def _fuse(lists, query: np.ndarray, retrieval: str, top_k: int, want: int) -> li
         if dense.num_rows:  # the vector index may order by approximate distance: rank by the true cosine
             cosine = np.stack(dense.column("vector").to_numpy(zero_copy_only=False)) @ query
             dense = dense.take(np.argsort(-cosine, kind="stable"))
-        rank_of = [{cid: r for r, cid in enumerate(t.column("chunk_id").to_pylist())} for t in (dense, lexical)]
+        fused = rrf_scores([t.column("chunk_id").to_pylist() for t in (dense, lexical)], want)
         rows = pa.concat_tables([dense.select(columns), lexical.select(columns)])
         ids = rows.column("chunk_id").to_pylist()
-        keep = [i for i, cid in enumerate(ids) if ids.index(cid) == i]
-        rows = rows.take(keep)
-        scores = np.array([(RRF_K + 1) / 2 * sum(1.0 / (RRF_K + 1 + ranks.get(cid, want)) for ranks in rank_of)
-                           for cid in rows.column("chunk_id").to_pylist()])
+        first = {}
+        for i, cid in enumerate(ids):
+            first.setdefault(cid, i)
+        rows = rows.take(sorted(first.values()))
+        scores = np.array([fused[cid] for cid in rows.column("chunk_id").to_pylist()])
     order = np.argsort(-np.asarray(scores), kind="stable")[:top_k]
     return [_hit(rows, int(i), float(scores[i])) for i in order]
 

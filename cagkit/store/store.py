@@ -426,6 +426,12 @@ class Store:
             hits.append(Hit(int(index.ids[i]), row[0], row[1], row[2], float(score), _metadata(row[3])))
         return hits
 
+    def chunk_rows(self, doc: Document) -> list[tuple[int, int, int, np.ndarray, str]]:
+        """`doc`'s chunks as (chunk id, char start, char end, unit embedding [E], KV file), in document order."""
+        rows = self._conn.execute("SELECT id, char_start, char_end, embedding, kv_file FROM chunks WHERE doc_id = ? "
+                                  "ORDER BY idx", (doc.id,)).fetchall()
+        return [(r[0], r[1], r[2], np.frombuffer(r[3], dtype=np.float32), r[4]) for r in rows]
+
     def chunk_ids(self, path: str) -> list[int]:
         """All chunk ids of one document, in document order."""
         doc = self.document(path)

@@ -223,3 +223,80 @@ def test_fake_chunks_round_trip_with_their_checksums(tmp_path):
         st.write_document("doc", "a" * 64, chunks, vectors)
         loaded = st.load_chunk(st.chunk_ids("doc")[0])
         torch.testing.assert_close(loaded.kv.keys, chunks[0].kv.keys.half())
+
+
+def test_store_migrate_copies_a_sqlite_store_to_s3_as_stored(tiny_llama, docs, tmp_path, s3, capsys):
+    from cagkit.cli import main
+
+    _ingest(docs, tmp_path / "sqlite")
+    url = s3.bucket_url("migrated") + "/store"
+    assert main(["store", "migrate", "--store", str(tmp_path / "sqlite"), "--to", url]) == 0
+    assert "2 copied, 0 there already, 0 left out" in capsys.readouterr().out
+    with Store.open(tmp_path / "sqlite") as a, Store.open(url) as b:
+        assert isinstance(b, lance.LanceStore) and b.settings == a.settings and b.verify()["ok"]
+        for doc in a.documents():
+            assert b.document(doc.path).sha256 == doc.sha256
+            for ia, ib in zip(a.chunk_ids(doc.path), b.chunk_ids(doc.path), strict=True):
+                ca, cb = a.load_chunk(ia), b.load_chunk(ib)
+                assert (ca.text, ca.token_ids, ca.idx) == (cb.text, cb.token_ids, cb.idx)
+                torch.testing.assert_close(ca.kv.values, cb.kv.values, rtol=0, atol=0)
+        q = _embed(QUESTIONS[1])
+        assert [(h.doc_path, h.idx) for h in a.search(q, 2)] == [(h.doc_path, h.idx) for h in b.search(q, 2)]
+    # damage one document of the source: the next migrate leaves it out, names it, and exits 1
+    (docs / "bakery.txt").write_text("The bakery closed in 2019.")
+    _ingest(docs, tmp_path / "sqlite")
+    with Store.open(tmp_path / "sqlite") as a:
+        bakery = a.document(str((docs / "bakery.txt").resolve()))
+        (tmp_path / "sqlite" / "kv" / a.kv_files(bakery)[0]).write_bytes(b"broken")
+    assert main(["store", "migrate", "--store", str(tmp_path / "sqlite"), "--to", url]) == 1
+    captured = capsys.readouterr()
+    assert "0 copied, 1 there already, 1 left out" in captured.out and "bakery.txt" in captured.err
+    with Store.open(url) as b:  # the copy keeps the older bakery rather than losing it
+        assert b.document(bakery.path).sha256 != bakery.sha256 and b.verify()["ok"]
+
+
+def test_ingest_manifest_lance_on_the_command_line(tiny_llama, docs, tmp_path, capsys):
+    from cagkit.cli import main
+
+    store = tmp_path / "lance"
+    assert main(["ingest", str(docs), "--store", str(store), "--source", "tiny-llama", "--chunk-tokens", "32",
+                 "--manifest", "lance", "--quiet"]) == 0
+    assert lance.is_lance_store(store)
+    assert main(["store", "info", "--store", str(store), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert info["documents"] == 2 and info["chunks"] == 4 and info["bytes"] > 0
+    assert main(["store", "verify", "--store", str(store)]) == 0
+
+
+def test_the_servers_store_reader_serves_a_lance_store(tiny_llama, docs, tmp_path):
+    from cagkit.serve.store import StoreReader
+
+    reader = StoreReader(tmp_path / "lance")
+    assert reader.version() is None
+    _ingest(docs, tmp_path / "lance", manifest="lance")
+    assert reader.version() is not None
+    store = reader.current()
+    assert isinstance(store, lance.LanceStore) and len(store.documents()) == 2 and reader.disk_bytes() > 0
+    (docs / "garden.md").write_text("The walled garden holds four hundred roses.")
+    _ingest(docs, tmp_path / "lance")  # another process's commit: the open store sees it at the next search
+    assert len(reader.current().documents()) == 3
+
+
+def test_a_damaged_file_is_rewritten_not_reused_by_the_next_writer(tmp_path):
+    store = tmp_path / "s"
+    chunks, vectors = fake_chunks("one two three. four five.", seed=1)
+    with Store.open_for_writing(store, settings_for("fp"), manifest="lance") as st:
+        st.write_document("doc", "a" * 64, chunks, vectors)
+        name = st.kv_files(st.document("doc"))[0]
+    file = store / "kv" / name
+    data = bytearray(file.read_bytes())
+    data[-8:] = bytes(8)  # changed tensor bytes, header intact
+    file.write_bytes(bytes(data))
+    with Store.open(store) as st:
+        assert st.verify()["damaged"] == ["doc"]
+    with Store.open_for_writing(store, settings_for("fp")) as st:  # the same document again: the same file name
+        st.write_document("doc", "a" * 64, chunks, vectors)
+        assert st.kv_files(st.document("doc")) == [name]
+    with Store.open(store) as st:
+        assert st.verify()["ok"]
+        torch.testing.assert_close(st.load_chunk(st.chunk_ids("doc")[-1]).kv.values, chunks[-1].kv.values.half())
