@@ -629,8 +629,9 @@ class LanceStore:
         return self._db
 
     def _index(self) -> None:
-        """Bring the search indexes up to date: a full-text index on the text, a scalar index on chunk ids and,
-        above `VECTOR_INDEX_ROWS` chunks, an IVF_PQ vector index; rows added since are folded in by `optimize`.
+        """Bring the search indexes up to date: a full-text index on the text, scalar indexes on chunk ids and
+        document paths and, above `VECTOR_INDEX_ROWS` chunks, an IVF_PQ vector index; rows added since are folded
+        in by `optimize`.
         Another writer doing the same at the same moment may win: its index serves."""
         table = self._fresh()
         try:
@@ -640,10 +641,11 @@ class LanceStore:
                     warnings.simplefilter("ignore")
                     # English stop words out and stems in, for the rows indexed and any added since alike
                     table.create_fts_index("text", use_tantivy=False, replace=True)
-            if "chunk_id_idx" not in names:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    table.create_scalar_index("chunk_id", replace=True)
+            for column in ("chunk_id", "doc_path"):  # what loading a chunk and reading a document filter on
+                if f"{column}_idx" not in names:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        table.create_scalar_index(column, replace=True)
             rows = table.count_rows()
             if "vector_idx" not in names and rows >= VECTOR_INDEX_ROWS:
                 table.create_index(metric="dot", vector_column_name="vector",

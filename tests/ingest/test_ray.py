@@ -125,3 +125,16 @@ def _kill_an_actor(kv, deadline: float) -> bool:
                 return True
         time.sleep(0.05)
     return False
+
+
+def test_ray_ingest_into_a_sqlite_store_is_a_one_line_error(tiny_llama, docs, tmp_path, capsys):
+    from cagkit.cli import main
+
+    ingest([docs], store=tmp_path / "sqlite", source="tiny-llama", chunk_tokens=32, progress=False)
+    assert main(["ingest", str(docs), "--store", str(tmp_path / "sqlite"), "--source", "tiny-llama",
+                 "--chunk-tokens", "32", "--ray", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
+    assert err.startswith("error: store ") and "store migrate" in err and "SQLite" in err
+    assert main(["ingest", str(docs), "--store", str(tmp_path / "x"), "--source", "tiny-llama", "--ray",
+                 "--actors", "0"]) == 2
+    assert "--actors must be at least 1" in capsys.readouterr().err

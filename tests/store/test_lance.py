@@ -300,3 +300,23 @@ def test_a_damaged_file_is_rewritten_not_reused_by_the_next_writer(tmp_path):
     with Store.open(store) as st:
         assert st.verify()["ok"]
         torch.testing.assert_close(st.load_chunk(st.chunk_ids("doc")[-1]).kv.values, chunks[-1].kv.values.half())
+
+
+def test_above_the_threshold_a_vector_index_is_built_and_searched(tmp_path, monkeypatch):
+    monkeypatch.setattr(lance, "VECTOR_INDEX_ROWS", 300)
+    store = tmp_path / "s"
+    rng = np.random.default_rng(0)
+    with Store.open_for_writing(store, settings_for("fp", dim=48), manifest="lance") as st:
+        for n in range(40):
+            text = ". ".join(f"document {n} sentence {i} " + " ".join(f"w{rng.integers(1000)}" for _ in range(3))
+                             for i in range(8)) + "."
+            chunks, vectors = fake_chunks(text, seed=n, dim=48)
+            st.write_document(f"doc{n}", f"{n}".ljust(64, "0"), chunks, vectors)
+    with Store.open(store) as st:
+        assert st.num_chunks() == 320
+        assert "vector_idx" in {i.name for i in st._fresh().list_indices()}
+        target = st.load_chunk(st.chunk_ids("doc7")[3])
+        query = np.asarray(st._rows(["vector"], "doc_path = 'doc7' AND idx = 3").column("vector")[0].as_py())
+        hits = st.search(query, 5)
+        assert (hits[0].doc_path, hits[0].idx) == ("doc7", 3) and hits[0].score == pytest.approx(1.0, abs=1e-5)
+        assert target.text == hits[0].text
