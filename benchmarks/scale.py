@@ -16,7 +16,8 @@
   median `ttft_ms` and `load_ms` (reading the retrieved chunks' KV) of each, and their ratio.
 
 The machine is shared and has 2 cores: the figures are ratios within this run, and the load average at the start
-and end is recorded beside them. Results: docs/results/scale.json.
+and end is recorded beside them. Results: docs/results/scale.json; a run of some parts (`--runs`, `--asks 0`)
+keeps the other parts' results there, each part with the command that made it.
 """
 
 from __future__ import annotations
@@ -123,9 +124,9 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     try:
         tokens = make_documents(work / "docs", args.tokens, args.source)
-        result = {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]), "source": args.source,
-                  "target": args.target, "document_tokens": tokens, "cpus": os.cpu_count(),
-                  "load_average_start": os.getloadavg(), "ingest": {}}
+        command = "python benchmarks/scale.py " + " ".join(sys.argv[1:])
+        result = {"command": command, "source": args.source, "target": args.target, "document_tokens": tokens,
+                  "cpus": os.cpu_count(), "load_average_start": os.getloadavg(), "ingest": {}}
         bucket = server.bucket_url("scale")
         for kind in args.runs.split(","):
             store = f"{bucket}/{kind}" if kind.endswith("-s3") else str(work / kind)
@@ -145,7 +146,15 @@ def main() -> int:
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    out = Path(args.out)
+    if out.exists():  # a run of some parts only keeps the others' results, each with the command that made it
+        previous = json.loads(out.read_text())
+        for kind, r in previous.get("ingest", {}).items():
+            result["ingest"].setdefault(kind, r)
+        result.setdefault("ask", previous.get("ask"))
+    for part in [*result["ingest"].values(), result.get("ask") or {}]:
+        part.setdefault("command", command)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 

@@ -1,5 +1,5 @@
 """An S3-compatible server on this machine for tests and benchmarks: moto's standalone `moto_server`, a process of
-its own on a free local port (moto is in the dev extra)."""
+its own on a free local port (moto, flask and flask-cors are in the dev extra)."""
 
 from __future__ import annotations
 

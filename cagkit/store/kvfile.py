@@ -16,6 +16,7 @@ from pathlib import Path
 # safetensors dtype names and their sizes in bytes
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 _MAX_HEADER = 100 << 20
+_REMOTE_HEAD = 64 << 10  # bytes fetched at once for a remote file's header
 
 
 class DamagedFile(Exception):
@@ -32,18 +33,29 @@ class KVFile:
         self._data = bytes(path) if isinstance(path, (bytes, bytearray)) else None
         self.path = path if fs is not None or self._data is not None else Path(path)
         try:
-            with self._open() as f:
-                raw = f.read(8)
-                if len(raw) != 8:
+            if fs is not None:  # one request for the header (and a second only for a header past 64 KiB)
+                head = fs.cat_file(path, start=0, end=_REMOTE_HEAD)
+                (length,) = struct.unpack("<Q", head[:8]) if len(head) >= 8 else (None,)
+                if length is None:
                     raise DamagedFile("shorter than a safetensors header")
-                (length,) = struct.unpack("<Q", raw)
                 if length > _MAX_HEADER:
                     raise DamagedFile("header length out of range")
-                header = f.read(length)
+                header = head[8:8 + length] if len(head) >= 8 + length else fs.cat_file(path, start=8, end=8 + length)
                 if len(header) != length:
                     raise DamagedFile("header cut short")
-                size = len(self._data) if self._data is not None else \
-                    self.path.stat().st_size if fs is None else fs.size(path)
+                size = None  # not asked for: a tensor past the end is found when it is read
+            else:
+                with self._open() as f:
+                    raw = f.read(8)
+                    if len(raw) != 8:
+                        raise DamagedFile("shorter than a safetensors header")
+                    (length,) = struct.unpack("<Q", raw)
+                    if length > _MAX_HEADER:
+                        raise DamagedFile("header length out of range")
+                    header = f.read(length)
+                    if len(header) != length:
+                        raise DamagedFile("header cut short")
+                    size = len(self._data) if self._data is not None else self.path.stat().st_size
         except FileNotFoundError:
             raise DamagedFile("missing") from None
         except OSError as exc:
@@ -66,7 +78,7 @@ class KVFile:
                 ok = dtype in _ITEMSIZE and 0 <= begin <= end and end - begin == count * _ITEMSIZE[dtype]
             except (KeyError, TypeError, ValueError):
                 ok = False
-            if not ok or self.data_start + end > size:
+            if not ok or (size is not None and self.data_start + end > size):
                 raise DamagedFile(f"tensor {name} has a bad header entry or lies past the end of the file")
             self.tensors[name] = (dtype, shape, begin, end)
 
@@ -91,18 +103,47 @@ class KVFile:
         out = {}
         digest = hashlib.sha256()
         try:
-            with self._open() as f:
-                for name in names:
-                    dtype, shape, begin, end = self.tensors[name]
-                    buf = bytearray(end - begin)
-                    f.seek(self.data_start + begin)
-                    if f.readinto(buf) != len(buf):
-                        raise DamagedFile(f"tensor {name} cut short")
-                    _update(digest, name, dtype, shape, buf)
-                    out[name] = (dtype, shape, buf)
+            for name, buf in zip(names, self._read([self.tensors[n][2:] for n in names])):
+                dtype, shape, begin, end = self.tensors[name]
+                if len(buf) != end - begin:
+                    raise DamagedFile(f"tensor {name} cut short")
+                _update(digest, name, dtype, shape, buf)
+                out[name] = (dtype, shape, buf)
+        except FileNotFoundError:
+            raise DamagedFile("missing") from None
         except OSError as exc:
             raise DamagedFile(exc.strerror or type(exc).__name__) from None
         return out, digest.hexdigest()
+
+    def _read(self, spans: list[tuple[int, int]]) -> list[bytearray]:
+        """The bytes of each (begin, end) of the data section. A remote file's spans are merged where they touch
+        and fetched in one concurrent batch of range requests."""
+        if self.fs is None:
+            bufs = []
+            with self._open() as f:
+                for begin, end in spans:
+                    buf = bytearray(end - begin)
+                    f.seek(self.data_start + begin)
+                    got = f.readinto(buf)
+                    bufs.append(buf if got == len(buf) else buf[:got])
+            return bufs
+        runs: list[list[int]] = []  # [begin, end] of each merged run, in order
+        for begin, end in sorted(spans):
+            if runs and begin <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], end)
+            else:
+                runs.append([begin, end])
+        fetched = self.fs.cat_ranges([self.path] * len(runs), [self.data_start + b for b, _ in runs],
+                                     [self.data_start + e for _, e in runs], on_error="raise")
+        for data in fetched:
+            if isinstance(data, BaseException):
+                raise data
+        bufs = []
+        for begin, end in spans:  # the run that holds the span: the last that starts at or before it
+            at = max(i for i, (b, _) in enumerate(runs) if b <= begin)
+            b = runs[at][0]
+            bufs.append(bytearray(fetched[at][begin - b:end - b]))
+        return bufs
 
     def checksum(self, idx: int) -> str:
         return self.read_chunk(idx)[1]

@@ -320,3 +320,31 @@ def test_above_the_threshold_a_vector_index_is_built_and_searched(tmp_path, monk
         hits = st.search(query, 5)
         assert (hits[0].doc_path, hits[0].idx) == ("doc7", 3) and hits[0].score == pytest.approx(1.0, abs=1e-5)
         assert target.text == hits[0].text
+
+
+def test_a_kv_file_reads_the_same_from_a_remote_filesystem(tmp_path):
+    """A remote file's chunk is fetched as merged byte ranges in one batch: the same tensors and checksums as a
+    local read, for every chunk of a file of several (fsspec's memory filesystem stands in for S3)."""
+    import fsspec
+    from safetensors.torch import save
+
+    from cagkit.store.kvfile import KVFile
+
+    tensors = {}
+    for i in range(3):
+        tensors[f"{i}.keys"] = torch.randn(2, 5 + i, 1, 4).half()
+        tensors[f"{i}.values"] = torch.randn(2, 5 + i, 1, 4).half()
+        tensors[f"{i}.token_ids"] = torch.arange(5 + i, dtype=torch.int32)
+        tensors[f"{i}.offsets"] = torch.zeros(5 + i, 2, dtype=torch.int32)
+    data = save(tensors)
+    (tmp_path / "f.safetensors").write_bytes(data)
+    memory = fsspec.filesystem("memory")
+    memory.pipe_file("/kv/f.safetensors", data)
+    local, remote = KVFile(tmp_path / "f.safetensors"), KVFile("/kv/f.safetensors", memory)
+    for i in range(3):
+        (a, sum_a), (b, sum_b) = local.read_chunk(i), remote.read_chunk(i)
+        assert sum_a == sum_b and a.keys() == b.keys()
+        assert all(bytes(a[n][2]) == bytes(b[n][2]) for n in a)
+    memory.pipe_file("/kv/short.safetensors", data[:-40])  # cut short: the last tensor is found damaged
+    with pytest.raises(lance.DamagedFile):
+        KVFile("/kv/short.safetensors", memory).read_chunk(2)
