@@ -54,6 +54,7 @@ def ingest_ray(
     try:
         import lance_ray
         import ray
+        from ray.data.expressions import col
     except ImportError:
         raise CagkitError("cagkit ingest --ray needs the scale extra: pip install 'cagkit[scale]'") from None
     from cagkit.models.loading import load_model
@@ -86,7 +87,7 @@ def ingest_ray(
                 data_context.print_on_execution_start = progress
                 read = ray.data.from_items([{"path": f} for f in files], override_num_blocks=min(len(files), 64))
                 texts = read.map(_read_and_hash, fn_kwargs={"unchanged": unchanged}, num_cpus=0.25)
-                rows = texts.filter(lambda r: r["status"] == "new").map_batches(
+                rows = texts.filter(expr=col("status") == "new").map_batches(
                     _Prefiller, fn_constructor_kwargs={"store": str(st.path), "source": source,
                                                        "settings": settings, "device": device},
                     batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,

@@ -516,7 +516,7 @@ class LanceStore:
             if retrieval != "lexical":
                 search = table.search(query, vector_column_name="vector").distance_type("dot") \
                     .select(columns + ["_distance"])
-                if any(i.index_type.startswith("IVF") for i in table.list_indices()):
+                if any(i.name == "vector_idx" for i in table.list_indices()):
                     search = search.nprobes(NPROBES).refine_factor(REFINE_FACTOR)
                 lists.append(search.limit(want).to_arrow())
             if retrieval != "dense":
@@ -631,25 +631,23 @@ class LanceStore:
     def _index(self) -> None:
         """Bring the search indexes up to date: a full-text index on the text, scalar indexes on chunk ids and
         document paths and, above `VECTOR_INDEX_ROWS` chunks, an IVF_PQ vector index; rows added since are folded
-        in by `optimize`.
-        Another writer doing the same at the same moment may win: its index serves."""
+        in by `optimize`. Another writer doing the same at the same moment may win: its index serves."""
+        from lancedb.index import FTS, BTree, IvfPq
+
         table = self._fresh()
         try:
             names = {i.name for i in table.list_indices()}
-            if "text_idx" not in names:
-                with warnings.catch_warnings():  # deprecated in name only: its replacement takes no column here
-                    warnings.simplefilter("ignore")
-                    # English stop words out and stems in, for the rows indexed and any added since alike
-                    table.create_fts_index("text", use_tantivy=False, replace=True)
+            if "text_idx" not in names:  # English stop words out and stems in, for indexed rows and new ones alike
+                table.create_index("text", config=FTS(lower_case=True, stem=True, remove_stop_words=True,
+                                                      ascii_folding=True), name="text_idx")
             for column in ("chunk_id", "doc_path"):  # what loading a chunk and reading a document filter on
                 if f"{column}_idx" not in names:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        table.create_scalar_index(column, replace=True)
+                    table.create_index(column, config=BTree(), name=f"{column}_idx")
             rows = table.count_rows()
             if "vector_idx" not in names and rows >= VECTOR_INDEX_ROWS:
-                table.create_index(metric="dot", vector_column_name="vector",
-                                   num_partitions=max(1, round(rows ** 0.5)), num_sub_vectors=48)
+                table.create_index("vector", config=IvfPq(distance_type="dot", num_sub_vectors=48,
+                                                          num_partitions=max(1, round(rows ** 0.5))),
+                                   name="vector_idx")
             elif names:
                 table.optimize()
         except Exception as exc:  # noqa: BLE001 - a concurrent writer's commit; the next close retries
