@@ -50,18 +50,19 @@ import numpy as np
 
 from cagkit.errors import StoreError
 from cagkit.files import atomic_write, write_json_atomic
-from cagkit.store.kvfile import DamagedFile, KVFile, chunk_checksums, to_torch
+from cagkit.store.kvfile import KVFile, chunk_checksums
 from cagkit.store.store import (
     _CHUNK_TENSORS,
     FORMAT_VERSION,
-    DamagedChunkError,
     Document,
     Hit,
     NewChunk,
     StoredChunk,
     StoreSettings,
     _check_compatible,
-    check_dtype,
+    chunk_problems,
+    chunk_tensors,
+    read_chunk,
 )
 
 SETTINGS_FILE = "settings.json"
@@ -346,32 +347,8 @@ class LanceStore:
     def check_document(self, doc: Document, checksums: bool = True) -> list[str]:
         rows = sorted(self._rows(["idx", "kv_file", "checksum"], f"doc_path = {_quote(doc.path)}").to_pylist(),
                       key=lambda r: r["idx"])
-        problems = []
-        if [r["idx"] for r in rows] != list(range(doc.n_chunks)):
-            problems.append(f"the manifest lists {len(rows)} chunks of {doc.n_chunks}")
-        files: dict[str, KVFile | str] = {}
-        for row in rows:
-            idx, name = row["idx"], row["kv_file"]
-            if name not in files:
-                try:
-                    files[name] = KVFile(self._loc.path("kv", name), self._fs)
-                except DamagedFile as exc:
-                    files[name] = str(exc)
-            file = files[name]
-            if isinstance(file, str):
-                problems.append(f"chunk {idx}: KV file {name} is {file}" if file == "missing"
-                                else f"chunk {idx}: KV file {name} does not parse ({file})")
-                continue
-            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in file.tensors]
-            if missing:
-                problems.append(f"chunk {idx}: KV file {name} lacks its {', '.join(missing)}")
-            elif checksums:
-                try:
-                    if file.checksum(idx) != row["checksum"]:
-                        problems.append(f"chunk {idx}: its tensors in KV file {name} do not match their checksum")
-                except DamagedFile as exc:
-                    problems.append(f"chunk {idx}: KV file {name}: {exc}")
-        return problems
+        return chunk_problems(doc.n_chunks, [(r["idx"], r["kv_file"], r["checksum"]) for r in rows],
+                              lambda name: KVFile(self._loc.path("kv", name), self._fs), checksums)
 
     @property
     def _fs(self):
@@ -542,29 +519,10 @@ class LanceStore:
         rows = self._rows(["doc_path", "kv_file", "idx", "text", "checksum"], f"chunk_id = {int(chunk_id)}")
         if rows.num_rows == 0:
             raise StoreError(f"chunk {chunk_id} is not in store {self.path}")
-        from cagkit.kv.chunk import ChunkKV
-
         row = rows.to_pylist()[0]
-        doc_path, idx = row["doc_path"], row["idx"]
         file = self._loc.path("kv", row["kv_file"])
-        try:
-            tensors, actual = KVFile(file, self._fs).read_chunk(idx)
-            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in tensors]
-            if missing:
-                raise DamagedFile(f"chunk {idx} lacks its {', '.join(missing)}")
-            if actual != row["checksum"]:
-                raise DamagedFile(f"chunk {idx} does not match its checksum")
-        except DamagedFile as exc:
-            raise DamagedChunkError(
-                f"KV file {file} of document {doc_path} is damaged ({exc}); run `cagkit store repair --store "
-                f"{self.path}` or `cagkit ingest {doc_path} --store {self.path}` to rebuild it", doc_path, idx
-            ) from None
-        t = {name.split(".", 1)[1]: to_torch(*value) for name, value in tensors.items()}
-        sentences = None
-        if "sentences" in t:
-            sentences = (t["sentences"].numpy(), t["sentence_embeddings"].float().numpy())
-        return StoredChunk(chunk_id, doc_path, idx, row["text"], t["token_ids"].tolist(), t["offsets"],
-                           ChunkKV(t["keys"], t["values"]), sentences)
+        return read_chunk(lambda: KVFile(file, self._fs), file, self.path, chunk_id, row["doc_path"], row["idx"],
+                          row["text"], row["checksum"])
 
     # -- writing -------------------------------------------------------------------------------------------
 
@@ -701,23 +659,11 @@ class LanceDocumentWriter:
                        for i, c in enumerate(chunks, start=first)]
 
     def add(self, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
-        import torch
-
-        from cagkit.store import migrations
-
         if not chunks:
             return
         st = self.store
-        dtype = getattr(torch, check_dtype(st.settings.dtype))
         first = len(self._rows)
-        tensors = {}
-        for i, c in enumerate(chunks, start=first):
-            tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=dtype).contiguous()
-            tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=dtype).contiguous()
-            tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)
-            tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)
-            if c.sentences is not None:
-                tensors.update(migrations.sentence_tensors(i, c.sentences))
+        tensors = chunk_tensors(chunks, first, st.settings.dtype)
         name = kv_file_name(st.settings, first, [c.token_ids for c in chunks])
         meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": st.settings.source_fingerprint,
                 "dtype": st.settings.dtype, "first_chunk": str(first)}

@@ -274,34 +274,7 @@ class Store:
         the files' headers are read (cheap), so changed tensor bytes go unnoticed."""
         rows = self._conn.execute("SELECT idx, kv_file, checksum FROM chunks WHERE doc_id = ? ORDER BY idx",
                                   (doc.id,)).fetchall()
-        problems = []
-        if [r[0] for r in rows] != list(range(doc.n_chunks)):
-            problems.append(f"the manifest lists {len(rows)} chunks of {doc.n_chunks}")
-        files: dict[str, KVFile | str] = {}
-        for idx, kv_file, checksum in rows:
-            if kv_file is None or checksum is None:
-                problems.append(f"chunk {idx}: no checksum recorded (its KV file was damaged when checksums were added)")
-                continue
-            if kv_file not in files:
-                try:
-                    files[kv_file] = KVFile(self.path / "kv" / kv_file)
-                except DamagedFile as exc:
-                    files[kv_file] = str(exc)
-            file = files[kv_file]
-            if isinstance(file, str):
-                problems.append(f"chunk {idx}: KV file {kv_file} is {file}" if file == "missing"
-                                else f"chunk {idx}: KV file {kv_file} does not parse ({file})")
-                continue
-            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in file.tensors]
-            if missing:
-                problems.append(f"chunk {idx}: KV file {kv_file} lacks its {', '.join(missing)}")
-            elif checksums:
-                try:
-                    if file.checksum(idx) != checksum:
-                        problems.append(f"chunk {idx}: its tensors in KV file {kv_file} do not match their checksum")
-                except DamagedFile as exc:
-                    problems.append(f"chunk {idx}: KV file {kv_file}: {exc}")
-        return problems
+        return chunk_problems(doc.n_chunks, rows, lambda name: KVFile(self.path / "kv" / name), checksums)
 
     def document_writer(self, path: str, sha256: str, metadata: dict | None = None) -> "DocumentWriter":
         """A writer that adds or replaces one document part by part (`DocumentWriter`)."""
@@ -448,30 +421,9 @@ class Store:
         ).fetchone()
         if row is None:
             raise StoreError(f"chunk {chunk_id} is not in store {self.path}")
-        from cagkit.kv.chunk import ChunkKV
-
         doc_path, kv_file, idx, text, checksum = row
-        file = self.path / "kv" / (kv_file or "")
-        try:
-            if kv_file is None or checksum is None:
-                raise DamagedFile("no checksum was recorded for it")
-            tensors, actual = KVFile(file).read_chunk(idx)
-            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in tensors]
-            if missing:
-                raise DamagedFile(f"chunk {idx} lacks its {', '.join(missing)}")
-            if actual != checksum:
-                raise DamagedFile(f"chunk {idx} does not match its checksum")
-        except DamagedFile as exc:
-            raise DamagedChunkError(
-                f"KV file {file} of document {doc_path} is damaged ({exc}); run `cagkit store repair --store "
-                f"{self.path}` or `cagkit ingest {doc_path} --store {self.path}` to rebuild it", doc_path, idx
-            ) from None
-        t = {name.split(".", 1)[1]: to_torch(*value) for name, value in tensors.items()}
-        sentences = None
-        if "sentences" in t:
-            sentences = (t["sentences"].numpy(), t["sentence_embeddings"].float().numpy())
-        return StoredChunk(chunk_id, doc_path, idx, text, t["token_ids"].tolist(), t["offsets"],
-                           ChunkKV(t["keys"], t["values"]), sentences)
+        return read_chunk(lambda: KVFile(self.path / "kv" / (kv_file or "")), self.path / "kv" / (kv_file or ""),
+                          self.path, chunk_id, doc_path, idx, text, checksum if kv_file is not None else None)
 
     # -- housekeeping --------------------------------------------------------------------------------------
 
@@ -554,21 +506,12 @@ class DocumentWriter:
 
     def add(self, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
         """Write the next `chunks` of the document (and their unit embeddings [N, E]) as one KV file."""
-        import torch
 
         if not chunks:
             return
         st = self.store
-        dtype = getattr(torch, check_dtype(st.settings.dtype))
         first = len(self._rows)
-        tensors: dict[str, torch.Tensor] = {}
-        for i, c in enumerate(chunks, start=first):
-            tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=dtype).contiguous()  # [L, T, H, D]
-            tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=dtype).contiguous()
-            tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)  # [T]
-            tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)  # [T, 2]
-            if c.sentences is not None:
-                tensors.update(migrations.sentence_tensors(i, c.sentences))
+        tensors = chunk_tensors(chunks, first, st.settings.dtype)
         name = f"{self.sha256[:16]}-{self._write}.{len(self._files):05d}.safetensors"
         while not st._record_file(name):  # a name in use (as likely as two equal random draws): draw again
             self._write = secrets.token_hex(4)
@@ -620,6 +563,84 @@ class DocumentWriter:
         except (StoreError, OSError):
             pass
         self._files = []
+
+
+def chunk_tensors(chunks: list[NewChunk], first: int, dtype: str) -> dict:
+    """The KV-file tensors of `chunks`, numbered from `first`: per chunk `{i}.keys` and `{i}.values` [L, T, H, D]
+    in `dtype`, `{i}.token_ids` [T] and `{i}.offsets` [T, 2] int32, and its sentences where it has them."""
+    import torch
+
+    kv_dtype = getattr(torch, check_dtype(dtype))
+    tensors = {}
+    for i, c in enumerate(chunks, start=first):
+        tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=kv_dtype).contiguous()
+        tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=kv_dtype).contiguous()
+        tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)
+        tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)
+        if c.sentences is not None:
+            tensors.update(migrations.sentence_tensors(i, c.sentences))
+    return tensors
+
+
+def chunk_problems(n_chunks: int, rows, open_file, checksums: bool) -> list[str]:
+    """What is wrong with a document's stored chunks, one line each: `rows` are its (idx, KV file, checksum) in
+    chunk order, `open_file(name)` a `KVFile`. Without `checksums` only the files' headers are read."""
+    problems = []
+    if [r[0] for r in rows] != list(range(n_chunks)):
+        problems.append(f"the manifest lists {len(rows)} chunks of {n_chunks}")
+    files: dict[str, KVFile | str] = {}
+    for idx, kv_file, checksum in rows:
+        if kv_file is None or checksum is None:
+            problems.append(f"chunk {idx}: no checksum recorded (its KV file was damaged when checksums were added)")
+            continue
+        if kv_file not in files:
+            try:
+                files[kv_file] = open_file(kv_file)
+            except DamagedFile as exc:
+                files[kv_file] = str(exc)
+        file = files[kv_file]
+        if isinstance(file, str):
+            problems.append(f"chunk {idx}: KV file {kv_file} is {file}" if file == "missing"
+                            else f"chunk {idx}: KV file {kv_file} does not parse ({file})")
+            continue
+        missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in file.tensors]
+        if missing:
+            problems.append(f"chunk {idx}: KV file {kv_file} lacks its {', '.join(missing)}")
+        elif checksums:
+            try:
+                if file.checksum(idx) != checksum:
+                    problems.append(f"chunk {idx}: its tensors in KV file {kv_file} do not match their checksum")
+            except DamagedFile as exc:
+                problems.append(f"chunk {idx}: KV file {kv_file}: {exc}")
+    return problems
+
+
+def read_chunk(open_file, file_label, store, chunk_id: int, doc_path: str, idx: int, text: str,
+               checksum: str | None) -> StoredChunk:
+    """Chunk `idx` of the KV file `open_file()` opens, checked against `checksum` (None: none was recorded), as a
+    `StoredChunk`; a `DamagedChunkError` names `file_label`, the document and how to rebuild it."""
+    from cagkit.kv.chunk import ChunkKV
+
+    try:
+        if checksum is None:
+            raise DamagedFile("no checksum was recorded for it")
+        tensors, actual = open_file().read_chunk(idx)
+        missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in tensors]
+        if missing:
+            raise DamagedFile(f"chunk {idx} lacks its {', '.join(missing)}")
+        if actual != checksum:
+            raise DamagedFile(f"chunk {idx} does not match its checksum")
+    except DamagedFile as exc:
+        raise DamagedChunkError(
+            f"KV file {file_label} of document {doc_path} is damaged ({exc}); run `cagkit store repair --store "
+            f"{store}` or `cagkit ingest {doc_path} --store {store}` to rebuild it", doc_path, idx
+        ) from None
+    t = {name.split(".", 1)[1]: to_torch(*value) for name, value in tensors.items()}
+    sentences = None
+    if "sentences" in t:
+        sentences = (t["sentences"].numpy(), t["sentence_embeddings"].float().numpy())
+    return StoredChunk(chunk_id, doc_path, idx, text, t["token_ids"].tolist(), t["offsets"],
+                       ChunkKV(t["keys"], t["values"]), sentences)
 
 
 def is_store(location: str | Path) -> bool:

@@ -329,7 +329,7 @@ def test_a_kv_file_reads_the_same_from_a_remote_filesystem(tmp_path):
     import fsspec
     from safetensors.torch import save
 
-    from cagkit.store.kvfile import KVFile
+    from cagkit.store.kvfile import DamagedFile, KVFile
 
     tensors = {}
     for i in range(3):
@@ -347,5 +347,5 @@ def test_a_kv_file_reads_the_same_from_a_remote_filesystem(tmp_path):
         assert sum_a == sum_b and a.keys() == b.keys()
         assert all(bytes(a[n][2]) == bytes(b[n][2]) for n in a)
     memory.pipe_file("/kv/short.safetensors", data[:-40])  # cut short: the last tensor is found damaged
-    with pytest.raises(lance.DamagedFile):
+    with pytest.raises(DamagedFile):
         KVFile("/kv/short.safetensors", memory).read_chunk(2)
