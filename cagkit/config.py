@@ -15,8 +15,9 @@ from cagkit.errors import CagkitError
 ALIGN_MODES = ("cover", "overlap")  # cagkit.translate.alignment: how a target token reads the source tokens
 ASK_MODES = ("mot", "native", "linear", "projector", "oracle", "select")  # cagkit.ask: where the target's context comes from
 # cagkit.evaluation.runner: what `cagkit eval --methods` compares (none: no context; source: the source model answers;
-# select: the target prefills only the question's sentences, the control for every method that reads stored KV)
-EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot", "oracle")
+# select: the target prefills only the question's sentences, the control for every method that reads stored KV;
+# mot-placed: the MoT's translated chunks placed as translated, no blend, whatever --blend says)
+EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot", "mot-placed", "oracle")
 TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translate.translator
 EXPERT_INPUTS = ("trunk", "depth")  # cagkit.translate.translator: what each MoT expert reads
 # cagkit.retrieval: how chunks are ranked for a question (hybrid: embedding and BM25 rankings fused)

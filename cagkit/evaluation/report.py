@@ -44,11 +44,12 @@ column of the same.
 
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cagkit.config import DEFAULT_CHUNK_TOKENS, Placement
+from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_TOP_K, Placement
 from cagkit.errors import CagkitError
 from cagkit.evaluation.metrics import paired_bootstrap
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 # the order a table reads in: the controls that read no stored KV, then the methods that do, then the diagnostic
-METHOD_ORDER = ("native", "none", "select", "source", "linear", "projector", "mot", "oracle")
+METHOD_ORDER = ("native", "none", "select", "source", "linear", "projector", "mot", "mot-placed", "oracle")
 CONTROL = "select"  # every method's paired difference is taken against it
 _REQUIRED_KEYS = ("dataset", "source", "target", "command", "methods")
 _BAR_CHART = "quality_by_method.png"
@@ -88,6 +89,12 @@ def write_report(result_paths: list[Path], out_md: Path, plots_dir: Path, note: 
         f"![Quality against median time to first token]({_relative(plots_dir / _SCATTER, out_md)})",
         "",
     ]
+    by_data = _by_data_set(runs)
+    if len(by_data) > 1:  # one quality-against-first-token chart per data set, every run on it
+        for name, group in by_data.items():
+            path = plots_dir / f"quality_vs_ttft-{_file_slug(name)}.png"
+            _save(_scatter(group, methods), path)
+            lines += [f"![{name}: quality against median time to first token]({_relative(path, out_md)})", ""]
     lines += summary(runs)
     for run in runs:
         lines += _section(run)
@@ -143,6 +150,19 @@ def _method_order(runs: list[dict]) -> list[str]:
     return [m for m in METHOD_ORDER if m in seen] + list(dict.fromkeys(m for m in seen if m not in METHOD_ORDER))
 
 
+def _by_data_set(runs: list[dict]) -> dict[str, list[dict]]:
+    """The runs grouped by their data file's name, in the order first seen."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        groups.setdefault(Path(run["dataset"]).name, []).append(run)
+    return groups
+
+
+def _file_slug(name: str) -> str:
+    """A data file's name as a file-name part: 'dev-v2.0.part-a.json' -> 'dev-v2-0-part-a'."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", Path(name).stem).strip("-") or "data"
+
+
 def _label(run: dict) -> str:
     return f"{run['source']} → {run['target']}, {_data_label(run)}"
 
@@ -151,8 +171,10 @@ def _data_label(run: dict) -> str:
     """The data set and how the run gave it to the models: 'dev-v2.0.part-a.json, hybrid retrieval, blend 0.15
     by question'. Dense retrieval (every run before the others existed) goes unnamed."""
     settings = run.get("settings") or {}
+    top_k = settings.get("top_k", DEFAULT_TOP_K)
+    chunks = "" if settings.get("full_context") or top_k == DEFAULT_TOP_K else f", top-{top_k}"
     named = f", {mode} retrieval" if (mode := _named_retrieval(settings)) else ""
-    return Path(run["dataset"]).name + named + Placement.from_settings(settings).describe()
+    return Path(run["dataset"]).name + chunks + named + Placement.from_settings(settings).describe()
 
 
 def _named_retrieval(settings: dict) -> str | None:
@@ -196,7 +218,45 @@ def summary(runs: list[dict]) -> list[str]:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         lines += _against_control(group, closed_set)
+        lines += _frontier(group, closed_set)
     return lines
+
+
+def _frontier(runs: list[dict], closed_set: bool) -> list[str]:
+    """Markdown for one table of quality against median time to first token: a cell per method, and the methods
+    no other dominates. A method dominates another when its median first token is sooner and its quality higher:
+    by the point estimates, and beyond noise (the paired interval of the difference wholly above 0)."""
+    methods = _method_order(runs)
+    if not any(scores.get("ttft_ms_median") is not None for run in runs for scores in run["methods"].values()):
+        return []
+    lines = ["Quality and median time to first token (s), and the methods no other dominates (one dominates "
+             "another when it answers sooner and better: by the mean, or beyond noise, its paired 95% interval "
+             "wholly above 0).", ""]
+    header = ["pair", "data", *methods, "not dominated", "not dominated beyond noise"]
+    lines += ["| " + " | ".join(header) + " |", "|---|---" + "|---:" * len(methods) + "|---|---|"]
+    for run in runs:
+        scores = run["methods"]
+        points = {m: (q, t / 1e3) for m in methods if m in scores
+                  and (q := _quality(scores[m], closed_set)) is not None
+                  and (t := scores[m].get("ttft_ms_median")) is not None}
+        cells = [f"{run['source']} → {run['target']}", _data_label(run),
+                 *(f"{points[m][0]:.3f} · {points[m][1]:.2f}" if m in points else _DASH for m in methods)]
+
+        def dominated(m: str, beyond_noise: bool) -> bool:
+            for other, (quality, ttft) in points.items():
+                if other == m or ttft >= points[m][1]:
+                    continue
+                if not beyond_noise and quality > points[m][0]:
+                    return True
+                if beyond_noise:
+                    pairs = _shared_scores(scores[other], scores[m], closed_set)
+                    if pairs and paired_bootstrap([x - y for x, y in pairs])[1] > 0:
+                        return True
+            return False
+
+        cells += [", ".join(m for m in points if not dominated(m, noise)) or _DASH for noise in (False, True)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _against_control(runs: list[dict], closed_set: bool) -> list[str]:

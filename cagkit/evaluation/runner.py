@@ -13,6 +13,8 @@ reused across runs). Each question is then answered from the chunks of its own d
     linear     the target from the stored KV translated by one ridge map per layer
     projector  the same with one MLP projector per layer
     mot        the same with the Mixture-of-Translators
+    mot-placed the Mixture-of-Translators' chunks placed as translated, with no blend whatever `--blend` says: what
+               the translation alone gives, beside `mot` with the blend in the same run
     oracle     the target prefills each retrieved chunk alone (after its sink) and reads them placed as the
                translators' output is: the cache a perfect translator would give, i.e. the ceiling of every
                translated method on this store layout (a diagnostic; it costs a native prefill)
@@ -35,6 +37,7 @@ import re
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -66,7 +69,7 @@ from cagkit.retrieval.search import retrieve
 from cagkit.store.store import Hit, Store
 from cagkit.translate.cards import translator_path
 
-TRANSLATED = ("linear", "projector", "mot")
+TRANSLATED = ("linear", "projector", "mot", "mot-placed")
 TARGET_NATIVE = ("native", "none", "oracle", "select")  # methods whose KV the target computes itself
 RESULTS_DIR = Path("results")
 # Settings that may differ between a run and the file it resumes: more questions, or another copy of the store.
@@ -164,6 +167,9 @@ def run_eval(
         about = {m: {"model": models[m].name,
                      "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in TARGET_NATIVE
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
+        for m in methods:  # a method that places chunks otherwise than the run's settings say records how
+            if m in TRANSLATED and _placement(m, placement) != placement:
+                about[m]["placement"] = _placement(m, placement).settings()
         errors = {m: e for m in methods if (e := _method_problem(m, models[m], st, placement))}
         for m, message in errors.items():
             _log(f"{m}: skipped: {message}")
@@ -177,7 +183,8 @@ def run_eval(
         # Methods of the earlier run that this one does not run keep their records (and are re-summarised).
         for m, entry in previous.items():
             if m not in methods and "examples" in entry:
-                about[m] = {k: entry[k] for k in ("model", "kv_bytes_per_token", "translator") if k in entry}
+                about[m] = {k: entry[k] for k in ("model", "kv_bytes_per_token", "translator", "placement")
+                            if k in entry}
         records = {m: list(previous.get(m, {}).get("examples", [])) for m in about if m not in errors}
         # The command that reproduces the whole file: every method it holds, not only this run's.
         held = [m for m in EVAL_METHODS if m in about]
@@ -193,7 +200,7 @@ def run_eval(
             line = []
             for m in todo:
                 record = evaluate_example(models[m], st, [] if m == "none" else hits, example, _mode(m),
-                                          max_new_tokens, placement)
+                                          max_new_tokens, _placement(m, placement))
                 records[m].append(record)
                 done[m].add(example.id)
                 line.append(f"{m} {_quality_text(record)} {record['ttft_ms']:.0f} ms")
@@ -376,7 +383,17 @@ def _mode(method: str) -> str:
     """The `answer_from_chunks` mode of a method: the source reuses its own cache through the `mot` path."""
     if method in ("native", "none"):
         return "native"
-    return "mot" if method == "source" else method
+    return "mot" if method in ("source", "mot-placed") else method
+
+
+def _placement(method: str, placement: Placement) -> Placement:
+    """The placement a method answers with: the run's, except `mot-placed`, which never blends."""
+    return replace(placement, blend=0.0).effective() if method == "mot-placed" else placement
+
+
+def _kind(method: str) -> str:
+    """The translator kind a translated method reads."""
+    return "mot" if method == "mot-placed" else method
 
 
 def _method_problem(method: str, lm: LoadedModel, store: Store, placement: Placement) -> str | None:
@@ -393,7 +410,7 @@ def _method_problem(method: str, lm: LoadedModel, store: Store, placement: Place
     try:
         from cagkit.translate.translator import load_translator
 
-        load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=method)
+        load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=_kind(method))
     except (ImportError, CagkitError) as exc:
         return str(exc)
     return None
@@ -403,7 +420,7 @@ def _translator_digest(method: str, lm: LoadedModel, store: Store) -> str | None
     """The first 16 hex digits of the sha256 of the checkpoint a translated method reads, else None."""
     if method not in TRANSLATED or lm.fingerprint == store.settings.source_fingerprint:
         return None
-    return hashlib.sha256(translator_path(store.settings.source, lm.name, method).read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(translator_path(store.settings.source, lm.name, _kind(method)).read_bytes()).hexdigest()[:16]
 
 
 def _load_previous(out: Path, results: dict) -> dict:

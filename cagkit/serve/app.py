@@ -31,6 +31,7 @@ from cagkit.config import (
     ASK_MODES,
     BLEND_SELECT,
     DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MODE,
     DEFAULT_RETRIEVAL,
     DEFAULT_TOP_K,
     RETRIEVAL_MODES,
@@ -220,7 +221,7 @@ def parse_question(body: dict, kind: str, served: tuple[str, ...]) -> Question:
                           _choice(body, "blend_select", Placement.blend_select, BLEND_SELECT))
     return Question(kind, model, question, stream, include_usage, max_new,
                     _int(body, "top_k", DEFAULT_TOP_K, 1, MAX_TOP_K),
-                    _choice(body, "mode", "mot", ASK_MODES), _choice(body, "retrieval", DEFAULT_RETRIEVAL,
+                    _choice(body, "mode", DEFAULT_MODE, ASK_MODES), _choice(body, "retrieval", DEFAULT_RETRIEVAL,
                                                                      RETRIEVAL_MODES),
                     placement, _strings(body, "documents"))
 

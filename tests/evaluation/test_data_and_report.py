@@ -399,9 +399,14 @@ def test_report_tables_and_plots(tmp_path):
     # written before every placement option was recorded: chunks placed as stored, which is no longer the default
     assert "```\ncagkit eval --data squad.json --source smollm2 --target gemma --blend 0\n```" in text
     assert "## smollm2 → gemma, dev-v2.0.part-a.json" in text
-    for name in ("quality_by_method.png", "quality_vs_ttft.png"):
+    # the two charts of every run, then one quality-against-first-token chart per data set
+    for name in ("quality_by_method.png", "quality_vs_ttft.png", "quality_vs_ttft-dev-v2-0-part-a.png",
+                 "quality_vs_ttft-race.png"):
         assert f"](plots/{name})" in text
         assert (plots / name).read_bytes().startswith(PNG_SIGNATURE)
+    assert "![race.jsonl: quality against median time to first token](plots/quality_vs_ttft-race.png)" in text
+    write_report(fake_results(tmp_path)[:1], tmp_path / "one.md", tmp_path / "one")  # one data set: no repeat
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["quality_by_method.png", "quality_vs_ttft.png"]
 
 
 def test_report_names_placement_options_in_the_run_label(tmp_path):
@@ -430,6 +435,9 @@ def test_report_names_placement_options_in_the_run_label(tmp_path):
     write_report([blended], tmp_path / "C.md", tmp_path / "plots")
     text = (tmp_path / "C.md").read_text()
     assert "## smollm2 → gemma, dev-v2.0.part-a.json, blend 0.15 by question\n" in text
+    blended.write_text(json.dumps({**run, "settings": {**run["settings"], "top_k": 16}}))  # ~4k tokens, not ~1k
+    write_report([blended], tmp_path / "F.md", tmp_path / "plots")
+    assert "## smollm2 → gemma, dev-v2.0.part-a.json, top-16, blend 0.15 by question\n" in (tmp_path / "F.md").read_text()
     assert "```\ncagkit eval --data squad.json --source smollm2 --target gemma\n```" in text
     # a retrieval other than dense is named (files without the setting ranked by the embedder alone)
     for settings, label in [({"retrieval": "hybrid"}, ", hybrid retrieval, blend"), ({"retrieval": "dense"}, ", blend"),
@@ -471,6 +479,24 @@ def test_report_summary_is_the_papers_table():
     row = [line for line in summary([short]) if line.startswith("| smollm2")][0]
     assert row.startswith("| smollm2 → gemma | race.jsonl | 100 | 0.750 | 0.250 | 0.500 | 1.000 (12 q) | 0.750 "
                           "| 100% | 1.50x (linear) | +0.250 ")
+
+
+def test_report_names_the_methods_no_other_dominates():
+    """Dominated: another method answers sooner and better, by the mean, or beyond noise for the second column."""
+    select = [1.0, 0.0, 0.0, 0.0] * 25  # 0.25, the fastest with context
+    run = _run_with_records(False, {"none": [0.0] * 100, "select": select,
+                                    "mot": [1.0, 0.0, 0.0, 0.0] * 24 + [0.0, 0.0, 0.0, 0.0] * 1,  # 0.24, slower
+                                    "mot-placed": [0.0] * 100,  # 0.0, slower than none
+                                    "native": [1.0, 1.0, 0.0, 0.0] * 25})  # 0.5, slowest
+    for method, ms in {"none": 100, "select": 500, "mot": 900, "mot-placed": 700, "native": 2000}.items():
+        run["methods"][method]["ttft_ms_median"] = ms
+    text = "\n".join(summary([run]))
+    row = next(line for line in text[text.index("Quality and median time"):].splitlines()
+               if line.startswith("| smollm2"))
+    assert row == ("| smollm2 → gemma | dev.json | 0.500 · 2.00 | 0.000 · 0.10 | 0.250 · 0.50 | 0.240 · 0.90 "
+                   "| 0.000 · 0.70 | native, none, select | native, none, select, mot |")
+    # mot is 0.01 below select by the mean, one question in a hundred: not beyond noise; mot-placed is below
+    # none by nothing at all, but select beats it beyond noise and sooner
 
 
 def test_report_pairs_every_method_against_select(tmp_path):

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from cagkit.config import AS_STORED
 from cagkit.errors import CagkitError
 from cagkit.evaluation import runner
 from cagkit.evaluation.datasets import Example
@@ -234,15 +235,36 @@ def test_summary_scores_recovery_and_medians():
     assert summarize(closed, wrong)["recovery"] is None  # native scored nothing: no ratio
 
 
-def save_random_linear_translator(models, folder, seed):
-    """A random `linear` translator from the tiny Llama to the tiny Gemma 3, saved where cagkit looks for it."""
+def save_random_linear_translator(models, folder, seed, kind="linear"):
+    """A random translator (`linear` unless `kind` says) from the tiny Llama to the tiny Gemma 3, saved where
+    cagkit looks for it."""
     from cagkit.translate.translator import Translator, TranslatorConfig, TranslatorNet, translator_path
 
     torch.manual_seed(seed)
-    net = TranslatorNet(TranslatorConfig.for_models("linear", models[SOURCE], models[OTHER]))
-    for layer in net.layers:
+    net = TranslatorNet(TranslatorConfig.for_models(kind, models[SOURCE], models[OTHER]))
+    for layer in net.layers if kind == "linear" else ():  # the others keep PyTorch's random initialisation
         torch.nn.init.normal_(layer.head.weight, std=0.02)
-    Translator(net, "tiny-llama-fp", "tiny-gemma-fp", {}).save(translator_path(SOURCE, OTHER, "linear"))
+    Translator(net, "tiny-llama-fp", "tiny-gemma-fp", {}).save(translator_path(SOURCE, OTHER, kind))
+
+
+def test_mot_placed_is_the_mot_without_the_blend_in_the_same_run(models, tmp_path, monkeypatch):
+    """`mot-placed` reads the same checkpoint as `mot` and places its chunks as translated, whatever --blend."""
+    store = _paris_store_with_a_linear_translator(models, tmp_path, monkeypatch)
+    save_random_linear_translator(models, tmp_path / "translators", 1, kind="mot")
+    data = tmp_path / "one.jsonl"
+    question = "Where does the Seine flow past the Louvre?"
+    data.write_text(json.dumps({"id": "q1", "question": question, "answers": ["Paris"],
+                                "context": PARIS + " " + PARIS.replace("Paris", "Lyon")}) + "\n")
+    out = run_eval(data=data, source=SOURCE, target=OTHER, methods=["mot", "mot-placed"], store=store,
+                   out=tmp_path / "results.json", max_new_tokens=2, blend=0.5, chunk_tokens=16)
+    run = json.loads(out.read_text())
+    mot, placed = run["methods"]["mot"], run["methods"]["mot-placed"]
+    assert mot["n"] == placed["n"] == 1 and mot["translator"] == placed["translator"]
+    assert placed["placement"]["blend"] == 0 and "placement" not in mot  # mot places as the run says
+    assert placed["examples"][0]["translate_ms"] > 0
+    # what mot-placed answered from is the MoT's cache with no blend
+    assert runner._placement("mot-placed", runner.Placement(blend=0.5)) == AS_STORED
+    assert "--methods mot,mot-placed " in run["command"] and run["settings"]["blend"] == 0.5
 
 
 def _paris_store_with_a_linear_translator(models, tmp_path, monkeypatch):
