@@ -10,12 +10,19 @@ transformers' `[B, H, T, D]` cache. Either flash-attn generation serves: FlashAt
 
 Query positions are the last `Tq` of the `Tk` key positions (a question after its context), so the causal mask
 is aligned bottom-right, as flash-attn aligns it.
+
+The repair (`cagkit.kv.repair`) attends through `attention`: its recomputed tokens come in runs of consecutive
+positions (whole sentences), and each run attends to every key up to its own end (`QueryRuns`, `attend_runs`).
+`route_query_runs` puts this in transformers' way: the model's attention function answers a forward that carries
+a `QueryRuns` (keyword `cagkit_query_runs`) through `attend_runs`, and every other forward as before.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -130,3 +137,84 @@ def layer_kv(chunks: list[ChunkKV], layer: int, tables: RotaryTables, start: int
     values = torch.cat([c.values[layer] for c in chunks]).float()
     cos, sin = tables(layer, torch.arange(start, start + keys.shape[0]))  # on the model's device
     return apply_rope(keys.to(cos.device), cos, sin)[None], values.to(cos.device)[None]
+
+
+@dataclass(frozen=True)
+class QueryRuns:
+    """Queries in runs of consecutive positions over keys that a cache holds out of position order.
+
+    order: [K] for each absolute position 0..K-1, the index of its key in the cache. runs: (first, end, key_end)
+    per run: queries first..end-1 sit at positions key_end - (end - first) .. key_end - 1 and attend causally to
+    the keys of positions 0 .. key_end - 1. The runs cover the queries in order.
+    """
+
+    order: torch.Tensor
+    runs: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def of(cls, key_positions: torch.Tensor, query_positions: torch.Tensor) -> QueryRuns:
+        """From the absolute position of each cache entry (`key_positions` [K], a permutation of 0..K-1, the
+        queries' own new entries included) and of each query (`query_positions` [Q])."""
+        order = torch.argsort(key_positions)
+        if not torch.equal(key_positions[order].cpu(), torch.arange(len(key_positions))):
+            raise ValueError("the cache must hold each position 0..K-1 exactly once")
+        positions = query_positions.tolist()
+        runs, first = [], 0
+        for i in range(1, len(positions) + 1):
+            if i == len(positions) or positions[i] != positions[i - 1] + 1:
+                runs.append((first, i, positions[i - 1] + 1))
+                first = i
+        return cls(order, tuple(runs))
+
+
+def attend_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: QueryRuns, window: int | None = None,
+                scale: float | None = None, backend: str = "auto") -> torch.Tensor:
+    """Each run of `plan` through `attention` over the keys up to its end, causal and bottom-right aligned.
+    q: [B, Q, Hq, D]; k, v: [B, K, Hk, D] in cache order -> [B, Q, Hq, D]."""
+    end = max(run[2] for run in plan.runs)
+    index = plan.order[:end].to(k.device)
+    k, v = k.index_select(1, index), v.index_select(1, index)  # position order: key j is position j
+    return torch.cat([attention(q[:, a:b], k[:, :e], v[:, :e], True, window, scale, backend)
+                      for a, b, e in plan.runs], dim=1)
+
+
+RUNS_KEYWORD = "cagkit_query_runs"
+ROUTABLE = ("sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+_ROUTED: dict[str, Callable] = {}
+_ROUTING = threading.Lock()
+
+
+def route_query_runs(implementation: str) -> None:
+    """Make transformers' attention function `implementation` (one of `ROUTABLE`) send a forward that carries a
+    `QueryRuns` as keyword `cagkit_query_runs` through `attend_runs` (flash-attn on CUDA where installed, SDPA
+    otherwise); every other forward reaches the function unchanged. Idempotent. The forward that carries the
+    runs passes a 4D placeholder as its attention mask, which transformers hands on as given instead of
+    building a mask the runs do not need."""
+    if implementation not in ROUTABLE:
+        raise ValueError(f"cannot route attention implementation {implementation!r}; one of {', '.join(ROUTABLE)}")
+    with _ROUTING:
+        if implementation in _ROUTED:
+            return
+        from transformers import AttentionInterface
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        original = ALL_ATTENTION_FUNCTIONS[implementation]
+
+        def routed(module, query, key, value, attention_mask, *args, **kwargs):
+            plan = kwargs.pop(RUNS_KEYWORD, None)
+            if plan is None:
+                return original(module, query, key, value, attention_mask, *args, **kwargs)
+            return _runs_forward(query, key, value, plan, **kwargs)
+
+        AttentionInterface.register(implementation, routed)
+        _ROUTED[implementation] = original
+
+
+def _runs_forward(query, key, value, plan: QueryRuns, dropout: float = 0.0, scaling: float | None = None,
+                  sliding_window: int | None = None, softcap: float | None = None, **kwargs):
+    """transformers' attention-function contract ([B, H, T, D] in, ([B, Q, H, D], None) out) over `attend_runs`."""
+    if softcap is not None or kwargs.get("s_aux") is not None:
+        raise NotImplementedError("query runs do not support attention logit soft-capping or attention sinks")
+    q = query.transpose(1, 2).contiguous()
+    out = attend_runs(q, key.transpose(1, 2), value.transpose(1, 2), plan, sliding_window, scaling)
+    return out, None

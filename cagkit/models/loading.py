@@ -106,10 +106,33 @@ def resolve_device(device: str | None = None):
     return resolved
 
 
+def flash_implementation(device) -> str | None:
+    """transformers' flash-attention implementation for a model on `device`: `flash_attention_2` where the
+    flash-attn package (FlashAttention-2, the `cagkit[gpu]` extra) is installed, else `flash_attention_4` where
+    flash-attn-4 is, on CUDA only; None elsewhere, and where `$CAGKIT_ATTENTION` is `sdpa` (transformers'
+    default attention, as on the CPU)."""
+    import torch
+
+    choice = (os.environ.get("CAGKIT_ATTENTION") or "auto").strip().lower()
+    if choice not in ("auto", "sdpa"):
+        raise ModelError(f"unknown attention '{choice}' (from $CAGKIT_ATTENTION); use auto or sdpa")
+    if choice == "sdpa" or torch.device(device).type != "cuda":
+        return None
+    from transformers.utils import is_flash_attn_2_available, is_flash_attn_4_available
+
+    if is_flash_attn_2_available():
+        return "flash_attention_2"
+    if is_flash_attn_4_available():
+        return "flash_attention_4"
+    return None
+
+
 def load_model(name: str, device: str | None = None) -> LoadedModel:
-    """Load a model by alias, Hugging Face id or directory (fp32, eval mode) onto `device` (see
-    `resolve_device`); cached per process and device. A model made loadable with `register_loaded` is returned
-    as registered, wherever it lives."""
+    """Load a model by alias, Hugging Face id or directory (eval mode) onto `device` (see `resolve_device`);
+    cached per process and device. fp32 with transformers' default attention (SDPA), except on CUDA where
+    flash-attn is installed: bf16 through transformers' flash-attention implementation (`flash_implementation`;
+    the fingerprint is that of the fp32 weights either way). A model made loadable with `register_loaded` is
+    returned as registered, wherever it lives."""
     if name in _REGISTERED:
         return _REGISTERED[name]
     import torch
@@ -138,6 +161,11 @@ def load_model(name: str, device: str | None = None) -> LoadedModel:
         info=info,
     )
     model.to(target)
+    flash = flash_implementation(target)
+    if flash is not None:  # flash-attn computes in fp16 or bf16 only
+        model.to(torch.bfloat16)
+        model.config.dtype = torch.bfloat16
+        model.set_attn_implementation(flash)
     _LOADED[key] = loaded
     return loaded
 
