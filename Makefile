@@ -1,5 +1,5 @@
 # Two commands for a new machine:  `make demo` (set up, ingest the example docs with smollm2, ask qwen natively,
-# from the translated store and from the question's sentences alone) and `make test`.
+# from the question's sentences alone, the default, and from the translated store) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -24,7 +24,7 @@ demo: setup
 	$(BIN)/cagkit ingest examples/docs --store $(STORE)
 	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode native "$(QUESTION)"
 	$(BIN)/cagkit ask --store $(STORE) --model qwen "$(QUESTION)"
-	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode select "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode mot "$(QUESTION)"
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -1,55 +1,70 @@
 #!/usr/bin/env bash
-# The runs behind BENCHMARKS.md, the paper's table on our three models: for each of the six ordered pairs of
-# smollm2, gemma and qwen, every method on SQuAD v2 (F1, whole Wikipedia articles, top-4 retrieved chunks) and on
-# RACE (closed-set accuracy by option likelihood, the whole passage as context), 200 questions each, at the
-# default placement; then `cagkit report` writes BENCHMARKS.md and the two charts in docs/plots, with
+# The runs behind BENCHMARKS.md: where the target's context comes from, set beside the `select` control. For each
+# pair (smollm2's store answered by gemma and by qwen, qwen's store answered by gemma), every data set is answered
+# by native, none, select, mot (the default placement: translated KV with 15% of the tokens recomputed) and
+# mot-placed (the same translated KV placed as translated, no recompute), at about 1k retrieved tokens (top-4
+# 256-token chunks) and, where the documents are long enough, about 4k (top-16). Then `cagkit report` writes
+# BENCHMARKS.md and its charts in docs/plots (one quality-against-first-token chart per data set), with
 # benchmarks/note.md (how the runs were made) under the title.
 #
-#   benchmarks/run_eval.sh             # every run, then the report
-#   LIMIT=10 benchmarks/run_eval.sh    # fewer questions per run (a larger limit later resumes the same files)
-#   PAIRS="smollm2:gemma" benchmarks/run_eval.sh   # some pairs only (the report still reads every file present)
-#   RETRIEVAL=dense benchmarks/run_eval.sh   # the embedder's ranking alone, as the committed BENCHMARKS.md ran
+#   benchmarks/run_eval.sh                           # every run, then the report
+#   LIMIT=10 benchmarks/run_eval.sh                  # fewer questions per run (a larger limit resumes the files)
+#   PAIRS="smollm2:gemma" benchmarks/run_eval.sh     # some pairs only (the report reads every file present)
+#   SETS="squad quality" benchmarks/run_eval.sh      # some data sets only
 #
-# Each run writes results/<set>-<source>-<target>.json after every question and resumes from it, so re-running
-# this script after an interruption continues where it stopped; delete a results file to redo it. The stores
-# (results/stores/<set>-<source>) are ingested once per source model and shared by its targets.
-#
-# On 2 CPU cores, with one thread per run, a question costs 5-15 s with smollm2 or gemma as the target and
-# 20-45 s with qwen: about 15 hours for everything. Two runs at a time (one per core) halve that. Run from the
-# repository root with the virtual environment active; the data sets are read from ../shared/data (or
-# $CAGKIT_DATA), never copied here.
+# Each run writes results/<set>-<source>-<target>[-k16].json after every question and resumes from it, so
+# re-running this script after an interruption continues where it stopped; delete a results file to redo it. The
+# stores (results/stores/<data>-<source>) are ingested once per source model and shared by its targets. Data sets:
+# SQuAD v2 dev part a (first 200 answerable questions, whole articles as documents, F1), HotpotQA part a (first
+# 200, the ten paragraphs as documents, F1), RACE (first 200, the whole passage, accuracy by option likelihood),
+# QuALITY from L-Eval part a (every question of its 8 stories, accuracy). HotpotQA and RACE contexts are too short
+# for a 4k run. On 2 CPU cores, one thread per run, the gemma runs take minutes to an hour each and the qwen runs
+# about three times as long. Run from the repository root with the virtual environment active; the data sets are
+# read from ../shared/data (or $CAGKIT_DATA), never copied here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LIMIT="${LIMIT:-200}"
 DATA="${CAGKIT_DATA:-../shared/data}/eval"
-PAIRS="${PAIRS:-smollm2:gemma smollm2:qwen gemma:qwen qwen:gemma gemma:smollm2 qwen:smollm2}"
-METHODS="${METHODS:-native,none,select,source,linear,projector,mot}"
-RETRIEVAL="${RETRIEVAL:-hybrid}"  # SQuAD only: RACE gives every method the whole passage
+PAIRS="${PAIRS:-smollm2:gemma smollm2:qwen qwen:gemma}"
+SETS="${SETS:-squad hotpotqa race quality}"
+METHODS="${METHODS:-native,none,select,mot,mot-placed}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
+run() {  # run SET SOURCE TARGET TOP_K: one results file
+  local set=$1 source_model=$2 target=$3 top_k=$4 suffix="" data args
+  [[ $top_k == 4 ]] || suffix="-k$top_k"
+  case $set in
+    squad) data="$DATA/squad_v2/dev-v2.0.part-a.json"; args=(--format squad --limit "$LIMIT") ;;
+    hotpotqa) data="$DATA/hotpotqa/dev_subsampled.part-a.jsonl"; args=(--format hotpotqa --limit "$LIMIT") ;;
+    race) data="$DATA/race/race.jsonl"; args=(--format race --limit "$LIMIT" --full-context) ;;
+    quality) data="$DATA/leval/quality.part-a.jsonl"; args=(--format leval) ;;
+  esac
+  cagkit eval --data "$data" "${args[@]}" --source "$source_model" --target "$target" --methods "$METHODS" \
+    --top-k "$top_k" --max-new-tokens 24 --out "results/${set/squad/squad_v2}-$source_model-$target$suffix.json"
+}
+
 for pair in $PAIRS; do
-  source_model=${pair%%:*} target=${pair##*:}
-  cagkit eval --data "$DATA/squad_v2/dev-v2.0.part-a.json" --format squad --source "$source_model" \
-    --target "$target" --methods "$METHODS" --top-k 4 --retrieval "$RETRIEVAL" --max-new-tokens 24 \
-    --limit "$LIMIT" --out "results/squad_v2-$source_model-$target.json"
-  cagkit eval --data "$DATA/race/race.jsonl" --format race --source "$source_model" --target "$target" \
-    --methods "$METHODS" --top-k 4 --max-new-tokens 24 --limit "$LIMIT" --full-context \
-    --out "results/race-$source_model-$target.json"
+  for set in $SETS; do
+    run "$set" "${pair%%:*}" "${pair##*:}" 4
+    [[ $set == squad || $set == quality ]] && run "$set" "${pair%%:*}" "${pair##*:}" 16
+  done
 done
 
 files=()
-for pair in smollm2:gemma smollm2:qwen gemma:qwen qwen:gemma gemma:smollm2 qwen:smollm2; do
-  for set in squad_v2 race; do
-    file="results/$set-${pair%%:*}-${pair##*:}.json"
-    [[ -e $file ]] && files+=("$file")
+for pair in smollm2:gemma smollm2:qwen qwen:gemma; do
+  for set in squad_v2 hotpotqa race quality; do
+    for suffix in "" -k16; do
+      file="results/$set-${pair%%:*}-${pair##*:}$suffix.json"
+      [[ -e $file ]] && files+=("$file")
+    done
   done
 done
 cagkit report "${files[@]}" --out BENCHMARKS.md --plots docs/plots --note "$(cat benchmarks/note.md)"
 
 # Other measurements, each documented in the docs/ page of its topic (placement.md, translators.md, speed.md):
-#   reuse sanity check (source = target):  cagkit eval ... --source smollm2 --target smollm2 --methods source
-#   chunks placed as stored (no repair):   cagkit eval ... --blend 0
+#   the six-pair table of 2026-11 (every translator kind): docs/results/six-pairs.md
+#   reuse (source = target):               cagkit eval ... --source smollm2 --target smollm2 --methods native,none,select,source
 #   how many tokens to repair, and which:  python benchmarks/injection_depth.py --target gemma --blends ...
 #   injection depth:                       python benchmarks/injection_depth.py --target gemma --depths 0,2,4,9,18
 #   time to first token by context size:   python benchmarks/ttft.py

@@ -77,14 +77,16 @@ def ask(
         store: a store directory (or an open Store).
         model: the target model (alias, Hugging Face id or model directory).
         top_k: how many chunks to retrieve.
-        mode: how the target gets the chunks' KV when it is not the store's source model: `mot` (the trained
-            Mixture-of-Translators), `linear` or `projector` (single-path baselines), or `native` (the target
-            prefills the chunk text itself: the reference). When the target is the source model, `mot`,
-            `linear` and `projector` all reuse the stored cache as it is. `oracle` is a diagnostic: the target
-            prefills each chunk alone after its sink token, the cache a perfect translator would produce, so
-            it shows what the store's layout (chunks that never attend to each other) costs by itself.
-            `select` is the control: the target prefills only the sentences the question-selected repair would
-            recompute (a share `blend` of the context tokens, in document order) and reads no stored KV at all.
+        mode: where the target's context comes from. `select` (the default): the target prefills only the
+            sentences of the retrieved chunks closest to the question (a share `blend` of the context tokens, in
+            document order) and reads no stored KV at all; it is the default because on every measured run no
+            other mode answered both sooner and better (BENCHMARKS.md). `mot`: the stored KV, translated by the
+            trained Mixture-of-Translators when the target is not the store's source model, then repaired
+            (`blend`); `linear` or `projector`: the same with single-path baseline translators. When the target
+            is the source model, `mot`, `linear` and `projector` all reuse the stored cache as it is. `native`:
+            the target prefills the chunk text itself (the reference). `oracle` is a diagnostic: the target
+            prefills each chunk alone after its sink token, the cache a perfect translator would produce, so it
+            shows what the store's layout (chunks that never attend to each other) costs by itself.
         max_new_tokens: the longest answer, in tokens.
         on_text: called with each new piece of the answer as it is generated (streaming).
         recompute_layers: with a translated mode, the target recomputes its bottom this many layers over each

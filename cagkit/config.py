@@ -35,7 +35,10 @@ DEFAULT_TOP_K = 4  # chunks retrieved for a question
 DEFAULT_MAX_NEW_TOKENS = 64  # the longest answer, in tokens
 # Answers never repeat a sequence of this many tokens: greedy decoding's loops are cut (cagkit.generation.next_token)
 NO_REPEAT_NGRAM = 4
-DEFAULT_MODE = "mot"  # where `ask` takes the target's context from when the target is not the store's source
+# where `ask` takes the target's context from: the question's sentences prefilled by the target, no stored KV read,
+# because on every measured run no other mode answers both sooner and better (BENCHMARKS.md's frontier table);
+# `mot` reads the stored KV, translated for a target other than the store's source
+DEFAULT_MODE = "select"
 # `cagkit eval`: the methods compared when none are named, and the longest answer (QA answers are short spans)
 DEFAULT_EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 24

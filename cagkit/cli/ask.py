@@ -17,9 +17,10 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="chunks to retrieve (default: %(default)s)")
     add_retrieval_option(p)
     p.add_argument("--mode", default=DEFAULT_MODE, choices=ASK_MODES,
-                   help="mot: translate the stored KV; native: the target prefills the chunk text; select: the target "
-                        "prefills only the sentences of the chunks closest to the question (--blend of the context "
-                        "tokens) and reads no stored KV; linear/projector: single-path baseline translators; "
+                   help="select: the target prefills only the sentences of the chunks closest to the question (--blend "
+                        "of the context tokens) and reads no stored KV; mot: the stored KV, translated by the "
+                        "Mixture-of-Translators for a target other than the store's source, with those sentences "
+                        "recomputed; native: the target prefills the chunk text; linear/projector: single-path baseline translators; "
                         "oracle (diagnostic): the target prefills each chunk alone, the cache a perfect translator "
                         "would give (default: %(default)s)")
     add_placement_options(p)

@@ -120,15 +120,17 @@ class CAGRetriever(BaseRetriever):
 
 
 class CAGQueryEngine(BaseQueryEngine):
-    """Answers with `model` from the KV caches of the retrieved chunks (translated when `model` is not the store's
-    source model): `cagkit.ask` as a LlamaIndex query engine.
+    """Answers with `model` from the retrieved chunks: `cagkit.ask` as a LlamaIndex query engine. By default
+    (`select`) the model prefills the chunks' sentences closest to the question; `mode="mot"` answers from the
+    chunks' stored KV caches (translated when `model` is not the store's source model).
 
     Args:
         retriever: gives the nodes; any retriever whose nodes come from the cagkit store (a CAGRetriever, or one
             that combines CAGRetrievers).
         model: the target model (alias, Hugging Face id or model directory).
-        mode: where the target's context comes from: `mot`, `linear`, `projector`, `native`, `oracle` or `select`
-            (only the question's sentences, prefilled natively: no stored KV read), as for `cagkit.ask`.
+        mode: where the target's context comes from: `select` (the default: only the question's sentences,
+            prefilled natively, no stored KV read), `mot`, `linear`, `projector`, `native` or `oracle`, as for
+            `cagkit.ask`.
         max_new_tokens: the longest answer, in tokens.
         streaming: `query` returns a StreamingResponse whose `response_gen` yields the answer as it is generated
             (`aquery`: an AsyncStreamingResponse).

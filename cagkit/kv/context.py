@@ -139,10 +139,10 @@ class SelectedSentences(PromptSource):
         """Refuse the placements `select` cannot choose sentences by."""
         if not placement.blend:
             raise CagkitError("select reads the sentences of a share --blend of the context tokens, and --blend is 0; "
-                              "pass a share above 0 (default 0.15)")
+                              "pass a share above 0 (default 0.15), or --mode mot to place the stored KV as it is")
         if placement.blend_select != "question":
             raise CagkitError(f"select chooses sentences by the question; --blend-select {placement.blend_select} "
-                              "needs stored KV: leave --blend-select at question")
+                              "needs stored KV: leave --blend-select at question, or pass --mode mot")
 
     def settings(self, placement):
         return {"blend": self.ratio, "blend_select": "question"}  # all that shaped the selection

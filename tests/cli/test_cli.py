@@ -36,7 +36,7 @@ def _error_line(capsys) -> str:
 def test_ask_json_prints_one_object_on_the_last_line(store, capsys):
     capsys.readouterr()
     assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-llama",
-                 "--top-k", "1", "--max-new-tokens", "5", "--json"]) == 0
+                 "--top-k", "1", "--max-new-tokens", "5", "--mode", "mot", "--json"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
     assert set(result["timings"]) == {"retrieve_ms", "load_ms", "translate_ms", "repair_ms", "prefill_ms", "ttft_ms",
@@ -44,9 +44,14 @@ def test_ask_json_prints_one_object_on_the_last_line(store, capsys):
     assert result["model"] == "tiny-llama" and result["mode"] == "reuse" and result["retrieval"] == "hybrid"
     assert result["sources"][0]["document"].endswith("notes.md")
     # the same call through the library gives the same (greedy) answer
-    again = ask("Which model is the default source?", store=store, model="tiny-llama", top_k=1, max_new_tokens=5)
+    again = ask("Which model is the default source?", store=store, model="tiny-llama", top_k=1, max_new_tokens=5,
+                mode="mot")
     assert again.answer == result["answer"]
     assert result["timings"]["ttft_ms"] <= result["timings"]["total_ms"]
+    # by default the model reads the question's sentences, not the stored KV
+    assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-llama",
+                 "--top-k", "1", "--max-new-tokens", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mode"] == "select"
 
 
 def test_ask_streams_the_answer_then_sources_and_timings(store, capsys):
@@ -75,7 +80,7 @@ def test_ask_times_the_repair_apart_within_the_placement(store, capsys, monkeypa
     monkeypatch.setattr(context_module.StoredKV, "chunk_kv", slowed(context_module.StoredKV.chunk_kv))
     monkeypatch.setattr(ask_module, "blend_chunks", slowed(ask_module.blend_chunks))
     base = ["ask", "Where can a chunk be placed?", "--store", str(store), "--model", "tiny-llama",
-            "--max-new-tokens", "2"]
+            "--max-new-tokens", "2", "--mode", "mot"]
     for blend, repaired in (("0.5", True), ("0", False)):
         capsys.readouterr()
         assert main(base + ["--blend", blend, "--json"]) == 0
@@ -101,7 +106,7 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
 
     monkeypatch.setattr(ask_module, "blend_chunks", spy)
     question = "Where can a chunk be placed?"
-    base = ["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6"]
+    base = ["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6", "--mode", "mot"]
 
     def run(*options, json_out=True):
         capsys.readouterr()
@@ -114,13 +119,13 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
     assert result["placement"] == {"recompute_layers": 0, "blend": 0.15, "blend_select": "question"}
     (ratio, priority), = calls
     assert ratio == 0.15 and len(priority) == result["context_tokens"]
-    assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6).answer
+    assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6, mode="mot").answer
     assert "(reuse, blend 0.15 by question), " in run(json_out=False)
 
     result = run("--blend", "0.5", "--blend-select", "deviation")
     assert result["placement"]["blend"] == 0.5 and calls[-1] == (0.5, None)  # CacheBlend's selection
     assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6, blend=0.5,
-                                   blend_select="deviation").answer
+                                   blend_select="deviation", mode="mot").answer
     assert "(reuse, blend 0.5), " in run("--blend", "0.5", "--blend-select", "deviation", json_out=False)
 
     count = len(calls)
@@ -196,7 +201,7 @@ def test_store_from_another_source_is_refused_on_the_command_line(store, tiny_ll
 
 def test_missing_translator_names_the_file_and_the_train_command(store, tiny_gemma, capsys):
     capsys.readouterr()
-    assert main(["ask", "q?", "--store", str(store), "--model", "tiny-gemma"]) == 2
+    assert main(["ask", "q?", "--store", str(store), "--model", "tiny-gemma", "--mode", "mot"]) == 2
     line = _error_line(capsys)
     assert "tiny-llama__tiny-gemma" in line and "cagkit translators train" in line
 

@@ -146,7 +146,7 @@ def test_chat_matches_ask_streamed_or_not_with_the_openai_client(setup):
     assert reply.choices[0].message.content == expected.answer
     assert reply.object == "chat.completion" and reply.model == setup["alpha"]
     cagkit = reply.model_extra["cagkit"]
-    assert cagkit["sources"] == expected.sources and cagkit["mode"] == "reuse" and cagkit["retrieval"] == "hybrid"
+    assert cagkit["sources"] == expected.sources and cagkit["mode"] == "select" and cagkit["retrieval"] == "hybrid"
     assert cagkit["context_tokens"] == expected.context_tokens
     assert {"retrieve_ms", "ttft_ms", "total_ms", "queue_ms"} <= set(cagkit["timings"])
     assert reply.usage.prompt_tokens > expected.context_tokens > 0
@@ -263,7 +263,7 @@ def test_a_client_leaving_mid_stream_frees_the_model(setup):
      "'blend'"),
     ({"model": "{alpha}", "messages": [{"role": "user", "content": "q?"}], "documents": ["nope.txt"]}, 400,
      "invalid_request", "nope.txt"),
-    ({"model": "{beta}", "messages": [{"role": "user", "content": "q?"}]}, 400, "translator_not_found", "beta"),
+    ({"model": "{beta}", "messages": [{"role": "user", "content": "q?"}], "mode": "mot"}, 400, "translator_not_found", "beta"),
     ("{not json", 400, "invalid_json", "not valid JSON"),
     ([1, 2], 400, "invalid_json", "JSON object"),
 ])

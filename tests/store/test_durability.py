@@ -145,18 +145,18 @@ def test_ask_answers_from_the_undamaged_chunks_and_names_the_skipped(tiny_llama,
     y = str((dup / "y.txt").resolve())
     with Store.open(store) as st:
         _damage_tensor_bytes(store / "kv" / st.kv_files(st.document(y))[0])
-    answer = ask("When does the ferry leave?", store=store, model="tiny-llama", top_k=3, max_new_tokens=2)
+    answer = ask("When does the ferry leave?", store=store, model="tiny-llama", top_k=3, max_new_tokens=2, mode="mot")
     assert answer.skipped and {s["document"] for s in answer.skipped} == {y}
     assert len(answer.skipped) < len(answer.sources)
     assert answer.context_tokens > 0
     assert capsys.readouterr().err == ""  # the library says it in the answer; the command prints it
     assert answer.to_dict()["skipped"] == answer.skipped
     assert _cli("ask", "When does the ferry leave?", "--store", store, "--model", "tiny-llama", "--top-k", "3",
-                "--max-new-tokens", "2", "--json") == 0
+                "--max-new-tokens", "2", "--mode", "mot", "--json") == 0
     err = capsys.readouterr().err
     assert err.count("warning: skipped chunk") == len(answer.skipped) and "cagkit store repair" in err
     later = ask("Where is the lighthouse?", store=store, model="tiny-llama", top_k=1, max_new_tokens=1,
-                retrieval="lexical")
+                retrieval="lexical", mode="mot")
     assert later.skipped == []  # one answer's skipped chunks are not the next one's
 
 
