@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
                    help="select: the target prefills only the sentences of the chunks closest to the question (--blend "
                         "of the context tokens) and reads no stored KV; mot: the stored KV, translated by the "
                         "Mixture-of-Translators for a target other than the store's source, with those sentences "
-                        "recomputed; native: the target prefills the chunk text; linear/projector: single-path baseline translators; "
+                        "recomputed; native: the target prefills the chunk text; linear/projector: single-path "
+                        "baseline translators; "
                         "oracle (diagnostic): the target prefills each chunk alone, the cache a perfect translator "
                         "would give (default: %(default)s)")
     add_placement_options(p)
