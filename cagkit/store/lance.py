@@ -72,6 +72,7 @@ VECTOR_INDEX_ROWS = 100_000  # above this many chunks a writer builds an IVF_PQ 
 NPROBES, REFINE_FACTOR = 20, 50  # recall@10 0.99 at 1M synthetic chunks (docs/scale.md)
 CANDIDATES = 100  # each ranking's list, fused by reciprocal rank: at least this many, or 10 x top_k
 ORPHAN_GRACE_S = 3600.0
+COMMIT_ATTEMPTS = 5  # a manifest commit that loses a race with another writer's is merged again, this many tries in all
 REMOTE_TIMEOUT_S = 30
 REMOTE_RETRIES = 3
 STAGING_PREFIX = "ingest-"  # tables `cagkit ingest --ray` stages rows in: ingest-<unix time>-<random>
@@ -556,27 +557,44 @@ class LanceStore:
         import pyarrow as pa
 
         replace = list(dict.fromkeys(replace))
-        table = self._fresh()
-        try:
-            if table is None:
-                if not rows:
+        paths = sorted({row["doc_path"] for row in rows})
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                if self._commit_once(pa, rows, replace, paths):
                     return
-                # empty, then merged into like any table: a writer that creates it at the same moment is no conflict
-                table = self._table = self._connect().create_table(
-                    TABLE, schema=_schema(len(rows[0]["vector"])), exist_ok=True)
-            data = pa.Table.from_pylist(rows, schema=table.schema)
+            except StoreError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                if attempt + 1 == COMMIT_ATTEMPTS or not _is_commit_conflict(exc):
+                    raise self._loc.error(exc, "write to") from None
+            time.sleep(0.2 * 2**attempt)  # another writer committed first: merge again on its version
+        raise StoreError(f"store {self.path}: the rows of {', '.join(paths)} did not stay committed after "
+                         f"{COMMIT_ATTEMPTS} tries (other writers keep replacing the manifest); run the ingest again")
+
+    def _commit_once(self, pa, rows: list[dict], replace: list[str], paths: list[str]) -> bool:
+        """One try of `commit_rows`: True when the rows are committed and read back from the latest version.
+
+        Two writers that find no table both create it, and Lance commits the second creation as an overwrite; the
+        read-back sees rows that such an overwrite dropped, and the caller merges them again."""
+        table = self._fresh()
+        if table is None:
             if not rows:
-                if replace:
-                    table.delete(f"doc_path IN ({', '.join(map(_quote, replace))})")
-                return
-            merge = table.merge_insert(["doc_path", "idx"]).when_matched_update_all().when_not_matched_insert_all()
+                return True
+            # empty, then merged into like any table
+            table = self._table = self._connect().create_table(
+                TABLE, schema=_schema(len(rows[0]["vector"])), exist_ok=True)
+        data = pa.Table.from_pylist(rows, schema=table.schema)
+        if not rows:
             if replace:
-                merge = merge.when_not_matched_by_source_delete(f"doc_path IN ({', '.join(map(_quote, replace))})")
-            merge.execute(data)
-        except StoreError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise self._loc.error(exc, "write to") from None
+                table.delete(f"doc_path IN ({', '.join(map(_quote, replace))})")
+            return True
+        merge = table.merge_insert(["doc_path", "idx"]).when_matched_update_all().when_not_matched_insert_all()
+        if replace:
+            merge = merge.when_not_matched_by_source_delete(f"doc_path IN ({', '.join(map(_quote, replace))})")
+        merge.execute(data)
+        table.checkout_latest()
+        # at least the rows just merged (a document written in parts holds its earlier parts' rows too)
+        return table.count_rows(f"doc_path IN ({', '.join(map(_quote, paths))})") >= len(rows)
 
     def _connect(self):
         if self._db is None:
@@ -800,6 +818,12 @@ def _fuse(lists, query: np.ndarray, retrieval: str, top_k: int, want: int) -> li
         scores = np.array([fused[cid] for cid in rows.column("chunk_id").to_pylist()])
     order = np.argsort(-np.asarray(scores), kind="stable")[:top_k]
     return [_hit(rows, int(i), float(scores[i])) for i in order]
+
+
+def _is_commit_conflict(exc: Exception) -> bool:
+    """Whether a LanceDB error is a commit that lost a race with another writer's (so trying again can land)."""
+    text = str(exc).lower()
+    return any(word in text for word in ("conflict", "incompatible transaction", "preempted"))
 
 
 def _open_table(loc: _Location):
