@@ -476,7 +476,7 @@ class LanceStore:
         if documents is not None:
             paths = list(documents)
             rows = self._rows(columns + ["ingested_at"],
-                              f"doc_path IN ({', '.join(map(_quote, paths))})" if paths else "false")
+                              _in_paths(paths) if paths else "false")
             # in the order written, as `Store` keeps them, so that ties rank the same
             rows = rows.sort_by([("ingested_at", "ascending"), ("doc_path", "ascending"), ("idx", "ascending")])
             if rows.num_rows == 0:
@@ -554,13 +554,11 @@ class LanceStore:
         """Commit manifest rows (`_schema`'s columns) in one LanceDB commit, dropping the older rows of every
         document in `replace` that the new rows do not overwrite. The KV files the rows name must be written."""
         self._require_writable()
-        import pyarrow as pa
-
         replace = list(dict.fromkeys(replace))
         paths = sorted({row["doc_path"] for row in rows})
         for attempt in range(COMMIT_ATTEMPTS):
             try:
-                if self._commit_once(pa, rows, replace, paths):
+                if self._commit_once(rows, replace, paths):
                     return
             except StoreError:
                 raise
@@ -571,7 +569,7 @@ class LanceStore:
         raise StoreError(f"store {self.path}: the rows of {', '.join(paths)} did not stay committed after "
                          f"{COMMIT_ATTEMPTS} tries (other writers keep replacing the manifest); run the ingest again")
 
-    def _commit_once(self, pa, rows: list[dict], replace: list[str], paths: list[str]) -> bool:
+    def _commit_once(self, rows: list[dict], replace: list[str], paths: list[str]) -> bool:
         """One try of `commit_rows`: True when the rows are committed and read back from the latest version.
 
         Two writers that find no table both create it, and Lance commits the second creation as an overwrite; the
@@ -583,18 +581,19 @@ class LanceStore:
             # empty, then merged into like any table
             table = self._table = self._connect().create_table(
                 TABLE, schema=_schema(len(rows[0]["vector"])), exist_ok=True)
-        data = pa.Table.from_pylist(rows, schema=table.schema)
         if not rows:
             if replace:
-                table.delete(f"doc_path IN ({', '.join(map(_quote, replace))})")
+                table.delete(_in_paths(replace))
             return True
+        import pyarrow as pa
+
         merge = table.merge_insert(["doc_path", "idx"]).when_matched_update_all().when_not_matched_insert_all()
         if replace:
-            merge = merge.when_not_matched_by_source_delete(f"doc_path IN ({', '.join(map(_quote, replace))})")
-        merge.execute(data)
+            merge = merge.when_not_matched_by_source_delete(_in_paths(replace))
+        merge.execute(pa.Table.from_pylist(rows, schema=table.schema))
         table.checkout_latest()
         # at least the rows just merged (a document written in parts holds its earlier parts' rows too)
-        return table.count_rows(f"doc_path IN ({', '.join(map(_quote, paths))})") >= len(rows)
+        return table.count_rows(_in_paths(paths)) >= len(rows)
 
     def _connect(self):
         if self._db is None:
@@ -818,6 +817,11 @@ def _fuse(lists, query: np.ndarray, retrieval: str, top_k: int, want: int) -> li
         scores = np.array([fused[cid] for cid in rows.column("chunk_id").to_pylist()])
     order = np.argsort(-np.asarray(scores), kind="stable")[:top_k]
     return [_hit(rows, int(i), float(scores[i])) for i in order]
+
+
+def _in_paths(paths: Iterable[str]) -> str:
+    """The LanceDB filter for rows of the documents `paths`."""
+    return f"doc_path IN ({', '.join(map(_quote, paths))})"
 
 
 def _is_commit_conflict(exc: Exception) -> bool:
