@@ -168,8 +168,8 @@ def run_eval(
                      "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in TARGET_NATIVE
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
         for m in methods:  # a method that places chunks otherwise than the run's settings say records how
-            if m in TRANSLATED and _placement(m, placement) != placement:
-                about[m]["placement"] = _placement(m, placement).settings()
+            if (own := _placement(m, placement)) != placement:
+                about[m]["placement"] = own.settings()
         errors = {m: e for m in methods if (e := _method_problem(m, models[m], st, placement))}
         for m, message in errors.items():
             _log(f"{m}: skipped: {message}")
@@ -380,7 +380,8 @@ def _check_methods(methods: list[str]) -> list[str]:
 
 
 def _mode(method: str) -> str:
-    """The `answer_from_chunks` mode of a method: the source reuses its own cache through the `mot` path."""
+    """The `answer_from_chunks` mode of a method (for a translated one, its translator's kind): the source reuses
+    its own cache through the `mot` path, and `mot-placed` is `mot` with another placement."""
     if method in ("native", "none"):
         return "native"
     return "mot" if method in ("source", "mot-placed") else method
@@ -389,11 +390,6 @@ def _mode(method: str) -> str:
 def _placement(method: str, placement: Placement) -> Placement:
     """The placement a method answers with: the run's, except `mot-placed`, which never blends."""
     return replace(placement, blend=0.0).effective() if method == "mot-placed" else placement
-
-
-def _kind(method: str) -> str:
-    """The translator kind a translated method reads."""
-    return "mot" if method == "mot-placed" else method
 
 
 def _method_problem(method: str, lm: LoadedModel, store: Store, placement: Placement) -> str | None:
@@ -410,7 +406,7 @@ def _method_problem(method: str, lm: LoadedModel, store: Store, placement: Place
     try:
         from cagkit.translate.translator import load_translator
 
-        load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=_kind(method))
+        load_translator(store.settings.source, store.settings.source_fingerprint, lm, kind=_mode(method))
     except (ImportError, CagkitError) as exc:
         return str(exc)
     return None
@@ -420,7 +416,7 @@ def _translator_digest(method: str, lm: LoadedModel, store: Store) -> str | None
     """The first 16 hex digits of the sha256 of the checkpoint a translated method reads, else None."""
     if method not in TRANSLATED or lm.fingerprint == store.settings.source_fingerprint:
         return None
-    return hashlib.sha256(translator_path(store.settings.source, lm.name, _kind(method)).read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(translator_path(store.settings.source, lm.name, _mode(method)).read_bytes()).hexdigest()[:16]
 
 
 def _load_previous(out: Path, results: dict) -> dict:
