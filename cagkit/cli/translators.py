@@ -1,5 +1,6 @@
-"""`cagkit translators train|score|list`: train KV translators between models, score them on held-out text, list
-them (`cagkit.translate.train`, `cagkit.translate.cards`)."""
+"""`cagkit translators train|score|answers|list`: train KV translators between models, score them on held-out text,
+record in their cards what they scored on questions, list them (`cagkit.translate.train`, `cagkit.translate.cards`,
+`cagkit.evaluation.report.translator_answers`)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,12 @@ def add_parser(sub) -> None:
     t.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=".safetensors translator files")
     t.add_argument("--corpus", default=None, help="the corpus they were trained on (default: the one in the card)")
     t.set_defaults(func=run_score)
+    t = tsub.add_parser("answers", help="record in a checkpoint's card what it scored in `cagkit eval` results files")
+    t.add_argument("checkpoint", metavar="CHECKPOINT", help="the .safetensors translator the results were answered with")
+    t.add_argument("results", nargs="+", metavar="RESULTS",
+                   help="results files of `cagkit eval` in which a method read this checkpoint (runs with "
+                        "$CAGKIT_TRANSLATORS pointing at its folder, or the shipped one)")
+    t.set_defaults(func=run_answers)
     t = tsub.add_parser("list", help="the translators cagkit uses, with their held-out scores from the cards")
     t.add_argument("--dir", default=None, help="folder of checkpoints (default: the shipped translators/, or "
                                                 "$CAGKIT_TRANSLATORS)")
@@ -172,6 +179,37 @@ def run_score(args) -> int:
         print(f"{checkpoint}: next text {heldout['recovery']['translated']:.2f} / "
               f"{heldout['kl_recovery']['translated']:.2f}, recall {recall['recovery']['translated']:.2f} / "
               f"{recall['kl_recovery']['translated']:.2f} (loss / KL recovery); card updated")
+    return 0
+
+
+def run_answers(args) -> int:
+    import hashlib
+    from pathlib import Path
+
+    from cagkit.evaluation.report import translator_answers
+    from cagkit.translate.cards import card_path, write_card
+
+    checkpoint = Path(args.checkpoint)
+    if not checkpoint.is_file():
+        raise CagkitError(f"{checkpoint}: no such translator checkpoint; give a .safetensors file")
+    card_file = card_path(checkpoint)
+    try:
+        card = json.loads(card_file.read_text(encoding="utf-8")) if card_file.exists() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CagkitError(f"translator card {card_file} is not readable JSON ({exc}); restore it before adding "
+                          f"answers to it") from None
+    entries = translator_answers(hashlib.sha256(checkpoint.read_bytes()).hexdigest()[:16],
+                                 [Path(p) for p in args.results])
+    replaced = {(e["results"], e["method"]) for e in entries}
+    card["answers"] = [e for e in card.get("answers", []) if (e["results"], e["method"]) not in replaced] + entries
+    write_card(checkpoint, card)
+    for e in entries:
+        quality = f"F1 {e['f1']:.3f}" if "f1" in e else f"accuracy {e['accuracy']:.3f}"
+        against = "; ".join(f"− {name} {d['mean']:+.3f} ({d['low']:+.3f} to {d['high']:+.3f})"
+                            for name, d in e["against"].items())
+        gap = f"; {e['gap_closed']['share']:.0%} of the none → oracle gap" if "gap_closed" in e else ""
+        print(f"{e['data']} {e['method']} ({e['placement']}, {e['questions']} q): {quality}; {against}{gap}")
+    print(f"{card_file}: {len(entries)} answer record(s) written")
     return 0
 
 

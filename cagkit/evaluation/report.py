@@ -477,3 +477,39 @@ def _save(figure: "Figure", path: Path) -> None:
 def _relative(target: Path, out_md: Path) -> str:
     """Link from the markdown file to `target`, with forward slashes."""
     return Path(os.path.relpath(target.resolve(), out_md.parent.resolve())).as_posix()
+
+
+def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
+    """What the translator checkpoint with sha256[:16] `digest` scored in these results files: one entry per method
+    that read it (each method records its checkpoint's digest), with the data, the placement, the questions, the
+    quality, and the paired difference against each control in the same file (`select`, `none`); with `oracle` and
+    `none` in the file also the share of the none -> oracle gap closed. For a translator's card, so the figures it
+    shows are those of this checkpoint's own answers. A file where no method read it is refused."""
+    entries = []
+    for path in result_paths:
+        run = _load_results(Path(path))
+        closed_set = _is_closed_set(run)
+        read = [m for m, scores in run["methods"].items() if scores.get("translator") == digest]
+        if not read:
+            raise CagkitError(f"{path}: no method read the translator {digest} (its methods read "
+                              f"{', '.join(sorted({s.get('translator') or 'none' for s in run['methods'].values()}))}); "
+                              f"pass results of `cagkit eval` run with this checkpoint")
+        for method in read:
+            scores = run["methods"][method]
+            entry = {"results": str(path), "data": Path(run["dataset"]).name, "method": method,
+                     "placement": _placement_label({**(run.get("settings") or {}), **(scores.get("placement") or {})}),
+                     "questions": scores.get("n"), "accuracy" if closed_set else "f1": _quality(scores, closed_set),
+                     "ttft_ms_median": scores.get("ttft_ms_median"), "against": {}}
+            for control in ("select", "none"):
+                if control in run["methods"] and (pairs := _shared_scores(scores, run["methods"][control], closed_set)):
+                    mean, low, high = paired_bootstrap([x - y for x, y in pairs])
+                    entry["against"][control] = {"questions": len(pairs), "mean": mean, "low": low, "high": high}
+            if "none" in run["methods"] and "oracle" in run["methods"]:  # over the questions all three answered
+                by_id = [{r["id"]: float(r["correct"]) if closed_set else float(r["f1"]) for r in
+                          run["methods"][m].get("examples") or []} for m in (method, "none", "oracle")]
+                shared = set(by_id[0]).intersection(*by_id[1:])
+                got, none, oracle = (sum(scores[i] for i in shared) / max(len(shared), 1) for scores in by_id)
+                if oracle != none:
+                    entry["gap_closed"] = {"questions": len(shared), "share": (got - none) / (oracle - none)}
+            entries.append(entry)
+    return entries

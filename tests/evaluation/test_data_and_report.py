@@ -624,3 +624,46 @@ def test_real_files_first_examples_are_sane(name):
         if example.choices is not None:
             assert len(example.choices) == 4 and 0 <= example.answer_index < 4
             assert example.answers == [example.choices[example.answer_index]]
+
+
+def test_a_translators_card_records_what_its_own_answers_scored(tmp_path, capsys):
+    """`cagkit translators answers` reads only the methods that answered with this checkpoint (by its digest),
+    pairs them against the controls in the same file, and gives the one-chunk gap closed over shared questions."""
+    import hashlib
+
+    from cagkit.cli import main
+    from cagkit.evaluation.report import translator_answers
+
+    checkpoint = tmp_path / "smollm2__gemma.safetensors"
+    checkpoint.write_bytes(b"weights")
+    (tmp_path / "smollm2__gemma.json").write_text(json.dumps({"kind": "mot", "steps": 600}))
+    digest = hashlib.sha256(b"weights").hexdigest()[:16]
+    one_chunk = _run_with_records(False, {"none": [0.0] * 40, "oracle": [1.0] * 40 + [0.0] * 10,
+                                          "mot-placed": [1.0, 0.0, 0.0, 0.0] * 10})  # oracle ran 10 more
+    one_chunk["settings"] = {"top_k": 1, "blend": 0.15}
+    one_chunk["methods"]["mot-placed"].update(translator=digest, placement={"blend": 0.0})
+    end_to_end = _run_with_records(True, {"select": [1, 0] * 20, "mot": [1, 1] * 20, "linear": [1, 1] * 20})
+    end_to_end["settings"] = {"top_k": 4, "blend": 0.15, "blend_select": "question"}
+    end_to_end["methods"]["mot"]["translator"] = digest
+    end_to_end["methods"]["linear"]["translator"] = "another"  # another checkpoint's answers are not this one's
+    paths = [tmp_path / "k1.json", tmp_path / "e2e.json"]
+    for path, run in zip(paths, (one_chunk, end_to_end)):
+        path.write_text(json.dumps(run))
+    entries = translator_answers(digest, paths)
+    assert [(e["method"], e["placement"], e["questions"]) for e in entries] == [
+        ("mot-placed", "top-1, as stored", 40), ("mot", "top-4, blend 0.15 by question", 40)]
+    assert entries[0]["f1"] == 0.25 and entries[0]["gap_closed"] == {"questions": 40, "share": 0.25}
+    assert entries[0]["against"]["none"]["mean"] == 0.25 and "select" not in entries[0]["against"]
+    assert entries[1]["accuracy"] == 1.0 and entries[1]["against"]["select"]["mean"] == 0.5
+    assert "gap_closed" not in entries[1]
+    assert main(["translators", "answers", str(checkpoint), *map(str, paths)]) == 0
+    card = json.loads((tmp_path / "smollm2__gemma.json").read_text())
+    assert card["steps"] == 600 and [e["method"] for e in card["answers"]] == ["mot-placed", "mot"]
+    assert "25% of the none → oracle gap" in capsys.readouterr().out
+    main(["translators", "answers", str(checkpoint), str(paths[1])])  # again: the entry is replaced, not added
+    assert [e["method"] for e in json.loads((tmp_path / "smollm2__gemma.json").read_text())["answers"]] == [
+        "mot-placed", "mot"]
+    with pytest.raises(CagkitError, match="e2e.json: no method read the translator 0123"):
+        translator_answers("0123", [paths[1]])
+    assert main(["translators", "answers", str(tmp_path / "missing.safetensors"), str(paths[0])]) == 2
+    assert "missing.safetensors: no such translator checkpoint" in capsys.readouterr().err
