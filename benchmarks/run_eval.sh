@@ -3,7 +3,9 @@
 # pair (smollm2's store answered by gemma and by qwen, qwen's store answered by gemma), every data set is answered
 # by native, none, select, mot (the default placement: translated KV with 15% of the tokens recomputed) and
 # mot-placed (the same translated KV placed as translated, no recompute), at about 1k retrieved tokens (top-4
-# 256-token chunks) and, where the documents are long enough, about 4k (top-16). Then `cagkit report` writes
+# 256-token chunks) and, where the documents are long enough, about 4k (top-16); SQuAD also at one chunk (top-1:
+# native, none, mot-placed and oracle, the translation alone against the target's own cache of that chunk). The
+# reuse run (smollm2 answering from its own store, below) is read when present. Then `cagkit report` writes
 # BENCHMARKS.md and its charts in docs/plots (one quality-against-first-token chart per data set), with
 # benchmarks/note.md (how the runs were made) under the title.
 #
@@ -31,8 +33,8 @@ SETS="${SETS:-squad hotpotqa race quality}"
 METHODS="${METHODS:-native,none,select,mot,mot-placed}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
-run() {  # run SET SOURCE TARGET TOP_K: one results file
-  local set=$1 source_model=$2 target=$3 top_k=$4 suffix="" data args
+run() {  # run SET SOURCE TARGET TOP_K [METHODS]: one results file
+  local set=$1 source_model=$2 target=$3 top_k=$4 methods=${5:-$METHODS} suffix="" data args
   [[ $top_k == 4 ]] || suffix="-k$top_k"
   case $set in
     squad) data="$DATA/squad_v2/dev-v2.0.part-a.json"; args=(--format squad --limit "$LIMIT") ;;
@@ -40,7 +42,7 @@ run() {  # run SET SOURCE TARGET TOP_K: one results file
     race) data="$DATA/race/race.jsonl"; args=(--format race --limit "$LIMIT" --full-context) ;;
     quality) data="$DATA/leval/quality.part-a.jsonl"; args=(--format leval) ;;
   esac
-  cagkit eval --data "$data" "${args[@]}" --source "$source_model" --target "$target" --methods "$METHODS" \
+  cagkit eval --data "$data" "${args[@]}" --source "$source_model" --target "$target" --methods "$methods" \
     --top-k "$top_k" --max-new-tokens 24 --out "results/${set/squad/squad_v2}-$source_model-$target$suffix.json"
 }
 
@@ -49,17 +51,20 @@ for pair in $PAIRS; do
     run "$set" "${pair%%:*}" "${pair##*:}" 4
     [[ $set == squad || $set == quality ]] && run "$set" "${pair%%:*}" "${pair##*:}" 16
   done
+  # the translation alone: one chunk placed as translated, against the target's own cache of it (oracle)
+  [[ " $SETS " == *" squad "* ]] && run squad "${pair%%:*}" "${pair##*:}" 1 native,none,mot-placed,oracle
 done
 
 files=()
 for pair in smollm2:gemma smollm2:qwen qwen:gemma; do
   for set in squad_v2 hotpotqa race quality; do
-    for suffix in "" -k16; do
+    for suffix in "" -k16 -k1; do
       file="results/$set-${pair%%:*}-${pair##*:}$suffix.json"
       [[ -e $file ]] && files+=("$file")
     done
   done
 done
+[[ -e results/squad_v2-smollm2-smollm2.json ]] && files+=(results/squad_v2-smollm2-smollm2.json)  # reuse, below
 cagkit report "${files[@]}" --out BENCHMARKS.md --plots docs/plots --note "$(cat benchmarks/note.md)"
 
 # Other measurements, each documented in the docs/ page of its topic (placement.md, translators.md, speed.md):
