@@ -325,7 +325,7 @@ def compare(specs: list[str]) -> list[dict]:
                               f"compare runs over the same data")
         scores = run["methods"][method]
         row = {"file": str(path), "method": method, "target": run["target"],
-               "placement": _placement_label(run.get("settings") or {}),
+               "placement": _method_placement(run, scores),
                "n": scores.get("n"), "quality": _quality(scores, closed_set), "ratio": None,
                "difference": None}
         if rows:
@@ -351,6 +351,12 @@ def _placement_label(settings: dict) -> str:
     if mode := _named_retrieval(settings):
         retrieval += f" by {mode} retrieval"
     return retrieval + (Placement.from_settings(settings).describe() or ", as stored")
+
+
+def _method_placement(run: dict, scores: dict) -> str:
+    """`_placement_label` of how one method placed the context: the run's, unless the method records its own
+    (`mot-placed` never blends)."""
+    return _placement_label({**(run.get("settings") or {}), **(scores.get("placement") or {})})
 
 
 def _parse_spec(spec: str) -> tuple[Path, str]:
@@ -497,7 +503,7 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
         for method in read:
             scores = run["methods"][method]
             entry = {"results": str(path), "data": Path(run["dataset"]).name, "method": method,
-                     "placement": _placement_label({**(run.get("settings") or {}), **(scores.get("placement") or {})}),
+                     "placement": _method_placement(run, scores),
                      "questions": scores.get("n"), "accuracy" if closed_set else "f1": _quality(scores, closed_set),
                      "ttft_ms_median": scores.get("ttft_ms_median"), "against": {}}
             for control in ("select", "none"):

@@ -552,6 +552,11 @@ def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
     assert [(r["method"], r["quality"], r["ratio"]) for r in rows] == [("mot", 0.25, None), ("mot", 0.5, 2.0),
                                                                         ("native", 0.5, 2.0)]
     assert rows[0]["placement"] == "top-1, as stored" and rows[0]["difference"] is None
+    base["methods"]["native"]["placement"] = {"blend": 0.15, "blend_select": "question"}  # one method's own
+    a.write_text(json.dumps(base))
+    assert compare([str(a), f"{a}:native"])[1]["placement"] == "top-1, blend 0.15 by question"
+    del base["methods"]["native"]["placement"]
+    a.write_text(json.dumps(base))
     base["settings"]["chunk_tokens"] = 128
     a.write_text(json.dumps(base))
     assert compare([str(a), str(b)])[0]["placement"] == "top-1 of 128-token chunks, as stored"
