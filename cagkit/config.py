@@ -148,10 +148,6 @@ class TranslatorSizes:
     # shipped checkpoint): more capacity where translating a layer loses the most (benchmarks/layer_damage.py).
     focus_layers: tuple[int, ...] = ()
     focus_scale: int = 1
-    # Target tokens each token's trunk attends to in every translated layer: itself and the `token_attention - 1`
-    # before it in its chunk, by content (4 heads and a learned bias per distance), so information moves between
-    # tokens as the target's own layers move it (0: no attention, as every shipped checkpoint was trained).
-    token_attention: int = 0
 
 
 TRANSLATOR_SIZES = TranslatorSizes()
@@ -183,10 +179,6 @@ class TrainSettings:
     # the translated keys as over the native ones (KL of the attention over the prefix). Keys decide what a
     # look-up in the context finds; 0 leaves it out (the shipped checkpoints were trained without it).
     attention_weight: float = 0.0
-    # Weight of the read-out loss: in every translated layer, what the continuation's native queries read from the
-    # translated context (their attention output over the sink and the prefix, keys and values together) against
-    # what they read from the native one, relative to its size; 0 leaves it out (as every shipped checkpoint).
-    readout_weight: float = 0.0
     balance_weight: float = 0.01
     top_logits: int = 64
     # The CCL's logits KL. False: over the native top `top_logits` tokens, renormalised (mass the translated

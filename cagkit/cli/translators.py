@@ -44,10 +44,6 @@ def add_parser(sub) -> None:
     t.add_argument("--attention-weight", type=float, default=_TRAIN.attention_weight,
                    help="weight of the attention loss: the continuation's native queries must attend over the "
                         "translated keys as over the native ones (default: %(default)s, off)")
-    t.add_argument("--readout-weight", type=float, default=_TRAIN.readout_weight,
-                   help="weight of the read-out loss: what the continuation's native queries read from the "
-                        "translated context (their attention output) must match what they read from the native "
-                        "one (default: %(default)s, off)")
     t.add_argument("--kv-weight", type=float, default=_TRAIN.kv_weight,
                    help="weight of the KV reconstruction loss against the target's native keys and values "
                         "(default: %(default)s; 0 trains on the Context Correction Loss alone)")
@@ -66,9 +62,6 @@ def add_parser(sub) -> None:
     t.add_argument("--token-window", type=int, default=TRANSLATOR_SIZES.token_window,
                    help="target positions whose source features each token reads: itself and the N-1 before it "
                         "in its chunk (default: %(default)s, the token alone)")
-    t.add_argument("--token-attention", type=int, default=None, metavar="N",
-                   help="in every translated layer each token's trunk also attends by content over those of "
-                        "itself and the N-1 tokens before it in its chunk (default: 0, none; mot and projector)")
     t.add_argument("--window", type=int, default=None,
                    help="source layers each target layer reads, centred on the one matched by depth (default: "
                         f"{TRANSLATOR_SIZES.window}, or one per expert with --expert-inputs depth)")
@@ -134,8 +127,7 @@ def run_train(args) -> int:
     from cagkit.translate.train import train_translator
 
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
-                             attention_weight=args.attention_weight, readout_weight=args.readout_weight,
-                             full_vocab_kl=args.full_vocab_kl,
+                             attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
                              kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
                              prefix_tokens=args.prefix_tokens, seed=args.seed, qa_data=args.qa,
                              qa_format=args.qa_format, qa_skip=args.qa_skip,
@@ -145,8 +137,7 @@ def run_train(args) -> int:
                                     **({"token_window": args.token_window} if args.token_window != TRANSLATOR_SIZES.token_window
                                        else {}),
                                     **{name: getattr(args, name) for name in ("window", "width", "expert_hidden",
-                                                                               "num_experts", "top_k", "expert_inputs",
-                                                                               "token_attention")
+                                                                               "num_experts", "top_k", "expert_inputs")
                                        if getattr(args, name) is not None},
                                     **_focus(args)},
                              **({"lr": args.lr} if args.lr is not None else {}))

@@ -11,8 +11,6 @@ values. Three kinds share one file format and one `translate` path:
   The trunk reads the skip's compressed source window (its first factor) next to the token identity. With
   `expert_inputs="depth"` each expert instead reads one source layer of the window (expert e the e-th, modulo the
   window) plus the token identity, and the router, still on the trunk, chooses per token which depths to draw on.
-  With `token_attention` N, each layer's trunk output also attends by content over those of the N - 1 tokens
-  before it in its chunk (`TokenAttention`), so a token's KV can draw on its neighbours' source KV.
 - `projector`: the same trunk with one expert MLP and no router (baseline).
 - `linear`: one ridge-regression map per target layer from the source window alone (baseline, closed form).
 
@@ -48,7 +46,6 @@ from cagkit.translate.alignment import align
 from cagkit.translate.cards import card_path, train_command, translator_path, write_card
 
 FORMAT_VERSION = 1
-ATTENTION_HEADS = 4  # heads of a translator's token attention (`TokenAttention`)
 
 
 @dataclass
@@ -76,7 +73,6 @@ class TranslatorConfig:
     expert_inputs: str = TRANSLATOR_SIZES.expert_inputs
     focus_layers: tuple[int, ...] = TRANSLATOR_SIZES.focus_layers
     focus_scale: int = TRANSLATOR_SIZES.focus_scale
-    token_attention: int = TRANSLATOR_SIZES.token_attention
 
     def __post_init__(self):
         self.focus_layers = tuple(int(layer) for layer in self.focus_layers)  # a list when read back from JSON
@@ -120,14 +116,6 @@ class TranslatorConfig:
         if sizes.get("expert_inputs", cls.expert_inputs) not in EXPERT_INPUTS:
             raise TranslatorError(f"unknown expert inputs '{sizes['expert_inputs']}'; use one of "
                                   f"{', '.join(EXPERT_INPUTS)}")
-        if int(sizes.get("token_attention", cls.token_attention)) < 0:
-            raise TranslatorError(f"token attention span {sizes['token_attention']} must be 0 (no attention) or more")
-        if sizes.get("token_attention") and kind == "linear":
-            raise TranslatorError("a linear translator has no trunk to attend with; --token-attention is for "
-                                  "--kind mot or projector")
-        if sizes.get("token_attention") and int(sizes.get("width", cls.width)) % ATTENTION_HEADS:
-            raise TranslatorError(f"trunk width {sizes.get('width', cls.width)} does not split into "
-                                  f"{ATTENTION_HEADS} attention heads; give a --width divisible by {ATTENTION_HEADS}")
         if int(sizes.get("focus_scale", cls.focus_scale)) < 1:
             raise TranslatorError(f"focus scale {sizes['focus_scale']} must be 1 or more")
         if sizes.get("top_k", cls.top_k) > sizes.get("num_experts", cls.num_experts):
@@ -197,7 +185,6 @@ class LayerTranslator(nn.Module):
         self.skip = nn.Sequential(nn.Linear(source_dim, cfg.skip_rank, bias=False), nn.Linear(cfg.skip_rank, out_dim))
         trunk_in = cfg.skip_rank + in_dim - source_dim
         self.trunk = nn.Sequential(nn.Linear(trunk_in, width), nn.LayerNorm(width), nn.GELU())
-        self.attention = TokenAttention(width, cfg.token_attention) if cfg.token_attention else None
         self.router = nn.Linear(width, cfg.num_experts) if cfg.num_experts > 1 else None
         # `depth`: expert e reads one source layer's block of the window (blocks are layer-major, each with the
         # token window's lags) and the token identity; `trunk`: every expert reads the trunk.
@@ -212,16 +199,13 @@ class LayerTranslator(nn.Module):
             nn.init.zeros_(expert[-1].weight)
             nn.init.zeros_(expert[-1].bias)
 
-    def forward(self, x: torch.Tensor, neighbours: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        # x: [N, F_in] -> y: [N, 2 * Ht * Dt]; `neighbours`: what each row's token attention reads (`TokenAttention`)
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [N, F_in] -> y: [N, 2 * Ht * Dt]
         if self.kind == "linear":
             return self.head(x), x.new_zeros(())
         compressed = self.skip[0](x[:, : self.source_dim])  # [N, r]
         y = self.skip[1](compressed)  # [N, 2 * Ht * Dt]
         h = self.trunk(torch.cat([compressed, x[:, self.source_dim:]], dim=-1))  # [N, width]
-        if self.attention is not None:
-            h = h + self.attention(h, *neighbours)
         if self.router is None:
             return y + self.experts[0](h), x.new_zeros(())
         probs, top_i, gates = self.route(h)
@@ -256,27 +240,6 @@ class LayerTranslator(nn.Module):
         probs = torch.softmax(self.router(h), dim=-1)
         top_p, top_i = probs.topk(self.top_k, dim=-1)
         return probs, top_i, top_p / top_p.sum(dim=-1, keepdim=True)
-
-
-class TokenAttention(nn.Module):
-    """Each row's trunk output attends, by content, over the trunk outputs of the rows it may read: itself and the
-    tokens before it in its chunk, up to `span` of them (`TranslatorNet.neighbours`). Multi-head, with a learned bias
-    per head and distance; the result is added to the trunk output the experts read."""
-
-    def __init__(self, width: int, span: int, heads: int = ATTENTION_HEADS):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.distance_bias = nn.Parameter(torch.zeros(span, heads))
-        self.out = nn.Linear(width, width)
-
-    def forward(self, h: torch.Tensor, index: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-        # h: [N, width]; index, visible: [N, S] the rows each row reads (itself first) and which of them it may
-        rows, width = h.shape
-        q, k, v = self.qkv(h).view(rows, 3, self.heads, width // self.heads).unbind(1)  # each [N, H, d]
-        logits = torch.einsum("nhd,nshd->nsh", q, k[index]) * q.shape[-1] ** -0.5 + self.distance_bias  # [N, S, H]
-        weights = torch.softmax(logits.masked_fill(~visible[..., None], float("-inf")), dim=1)  # a row sees itself
-        return self.out(torch.einsum("nsh,nshd->nhd", weights, v[index]).reshape(rows, width))
 
 
 class TranslatorNet(nn.Module):
@@ -341,31 +304,12 @@ class TranslatorNet(nn.Module):
         for x in self._source_inputs(source, starts):
             yield torch.cat([x, tok], dim=-1)
 
-    def neighbours(self, batch: int, steps: int, starts: torch.Tensor | None = None,
-                   device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """For token attention, per row of the flattened [B * T] features: the rows it reads [N, S], itself and the
-        S - 1 tokens before it, and which of them it may read [N, S]: none before its sequence or across a chunk start
-        (`starts` [B, T], as in `source_inputs`). None without token attention."""
-        span = self.cfg.token_attention
-        if not span:
-            return None
-        positions = torch.arange(steps, device=device)[:, None] - torch.arange(span, device=device)  # [T, S]
-        visible = (positions >= 0).expand(batch, -1, -1)  # [B, T, S]
-        positions = positions.clamp(min=0)
-        if starts is not None:
-            chunk = starts.long().cumsum(dim=1)  # [B, T]
-            same = chunk.gather(1, positions.reshape(1, -1).expand(batch, -1)).view(batch, steps, span) == chunk[..., None]
-            visible = visible & same
-        index = torch.arange(batch, device=device)[:, None, None] * steps + positions  # [B, T, S]
-        return index.reshape(-1, span), visible.reshape(-1, span)
-
     def forward(self, source: torch.Tensor, tokens: torch.Tensor | None,
                 starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, steps = source.shape[:2]
         outs, balance = [], source.new_zeros(())
-        neighbours = self.neighbours(batch, steps, starts, source.device)
         for layer, x in zip(self.layers, self.layer_inputs(source, tokens, starts)):
-            y, b = layer(x, neighbours)
+            y, b = layer(x)
             outs.append(y)
             balance = balance + b / len(self.layers)
         pred = torch.stack(outs, dim=1)  # [N, Lx, 2Ft]
@@ -485,8 +429,8 @@ class Translator:
         keys = torch.zeros(cfg.target_layers, sum(lengths), cfg.target_heads, cfg.target_head_dim, device=device)
         values = torch.zeros_like(keys)
         if sources:
-            starts = None  # each chunk's first token, read only by a token window or token attention
-            if cfg.token_window > 1 or cfg.token_attention:
+            starts = None  # each chunk's first token, read only by a token window
+            if cfg.token_window > 1:
                 starts = torch.zeros(1, sum(lengths), dtype=torch.bool, device=device)
                 starts[0, [sum(lengths[:i]) for i, length in enumerate(lengths) if length]] = True
             pred, _ = self.net(torch.cat(sources)[None], torch.cat(tokens)[None], starts)

@@ -35,7 +35,7 @@ from cagkit.translate.train.data import (
 from cagkit.translate.train.heldout import evaluate_translator
 from cagkit.translate.train.loop import _config_key
 from cagkit.translate.train.losses import (
-    reading_losses,
+    attention_loss,
     batch_losses,
     context_correction,
     prefix_attention,
@@ -278,8 +278,7 @@ def test_training_data_streams_from_its_shards_as_if_in_memory(pair, corpus, tmp
 
 def test_prefix_attention_is_the_targets_own_attention(pair, corpus, tmp_path):
     """The attention loss's native side is the target's attention over the prefix (queries from the stored
-    hidden states, q_norm, RoPE, scaling, grouped heads, sliding window); it and the read-out loss are 0 for the
-    native cache, and the read-out loss alone sees the values."""
+    hidden states, q_norm, RoPE, scaling, grouped heads, sliding window), and it is 0 for the native keys."""
     source, target = pair
     settings = tiny_settings()
     cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
@@ -303,21 +302,12 @@ def test_prefix_attention_is_the_targets_own_attention(pair, corpus, tmp_path):
             expected = expected / expected.sum(-1, keepdim=True)
             got = prefix_attention(target, [kv], batch["hidden"], layer, cfg, tables, keys)[0].exp()  # [B, Hk, G, C, *]
             assert torch.allclose(got.flatten(1, 2), expected, atol=1e-3), layer  # stored K fp16, hidden bf16
-    for loss in reading_losses(target, kv, batch, cfg, tables):  # the native cache reads what it reads
-        assert float(loss) == pytest.approx(0.0, abs=1e-6)
+    assert float(attention_loss(target, kv, batch, cfg, tables)) == pytest.approx(0.0, abs=1e-6)
     shifted = kv.clone().requires_grad_(True)
-    attention, readout = reading_losses(target, shifted + 0.5 * torch.randn_like(kv), batch, cfg, tables)
-    attention.backward(retain_graph=True)
-    assert float(attention.detach()) > 1e-3 and shifted.grad[..., : cfg.target_kv_dim].abs().sum() > 0
+    loss = attention_loss(target, shifted + 0.5 * torch.randn_like(kv), batch, cfg, tables)
+    loss.backward()
+    assert float(loss.detach()) > 1e-3 and shifted.grad[..., : cfg.target_kv_dim].abs().sum() > 0
     assert shifted.grad[..., cfg.target_kv_dim:].abs().sum() == 0  # values do not enter the attention
-    shifted.grad = None
-    readout.backward()  # the read-out reads keys and values both
-    assert float(readout.detach()) > 1e-3 and (shifted.grad[..., : cfg.target_kv_dim].abs().sum() > 0
-                                               and shifted.grad[..., cfg.target_kv_dim:].abs().sum() > 0)
-    halved = kv.clone()
-    halved[..., cfg.target_kv_dim:] *= 0.5  # the values alone: the same attention, another read-out
-    attention, readout = reading_losses(target, halved, batch, cfg, tables)
-    assert float(attention) == pytest.approx(0.0, abs=1e-6) and float(readout) > 1e-3
 
 
 def test_continuation_nll_and_kl_to_native():
@@ -483,9 +473,8 @@ def test_padding_of_a_question_answer_continuation_is_left_out_of_the_losses(pai
         unmasked = {key: value for key, value in garbled.items() if key != "mask"}  # the garbage would count
         for got, want in zip(context_correction(target, kv, unmasked, cfg, tables), wanted):
             assert got.item() != pytest.approx(want.item(), rel=0.1)
-        for got, want in zip(reading_losses(target, kv, garbled, cfg, tables),
-                             reading_losses(target, kv, data, cfg, tables)):
-            assert got.item() == pytest.approx(want.item(), rel=1e-5) and want.item() > 0
+        assert attention_loss(target, kv, garbled, cfg, tables).item() == pytest.approx(
+            attention_loss(target, kv, data, cfg, tables).item(), rel=1e-5)
 
 
 def test_training_with_question_answer_continuations_is_recorded_and_checked(pair, corpus, qa_file, tmp_path):
@@ -815,10 +804,10 @@ def test_focused_layers_are_wider_and_survive_the_file_and_a_training_run(pair, 
             TranslatorConfig.for_models("mot", *pair, **{**SIZES, **bad})
 
 
-@pytest.mark.parametrize("sizes", [{}, {"token_window": 3}, {"token_attention": 4}])
-def test_translating_chunks_together_equals_one_at_a_time(pair, sizes):
+@pytest.mark.parametrize("token_window", [1, 3])
+def test_translating_chunks_together_equals_one_at_a_time(pair, token_window):
     source, target = pair
-    translator = _rounded_translator(pair, "mot", **sizes)
+    translator = _rounded_translator(pair, "mot", token_window=token_window)
     for expert in (e for layer in translator.net.layers for e in layer.experts):
         torch.nn.init.normal_(expert[-1].weight, std=0.1)  # wake the experts so routing counts
     texts = [TEXT, "Short one.", " ", "Zweite Zeile: Größe 3 µm."]
@@ -858,34 +847,6 @@ def test_a_token_window_reads_the_tokens_before_it_in_its_own_chunk():
     assert torch.equal(alone.source_inputs(source)[0], z[0][:, net.windows[0]].reshape(7, -1))
     with pytest.raises(TranslatorError, match="token window 0"):
         TranslatorConfig.for_models("mot", _Shape(), _Shape(), token_window=0)
-
-
-def test_token_attention_reads_only_the_tokens_before_it_in_its_own_chunk_within_its_span():
-    torch.manual_seed(0)
-    cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=3, target_layers=3, target_heads=1,
-                           target_head_dim=4, target_embed_dim=8, window=2, token_attention=3, **SIZES)
-    net = TranslatorNet(cfg)
-    for expert in (e for layer in net.layers for e in layer.experts):
-        torch.nn.init.normal_(expert[-1].weight, std=0.1)  # experts start silent; wake them so the trunk counts
-    index, visible = net.neighbours(2, 4, torch.tensor([[True, False, True, False], [True, False, False, False]]))
-    assert index.tolist()[:4] == [[0, 0, 0], [1, 0, 0], [2, 1, 0], [3, 2, 1]]
-    assert visible.tolist()[:4] == [[True, False, False], [True, True, False], [True, False, False],
-                                    [True, True, False]]  # the second chunk starts at token 2
-    assert index.tolist()[7] == [7, 6, 5] and visible[4:].tolist()[3] == [True, True, True]  # row 1, its own rows
-    source, tokens = torch.randn(1, 7, 4, 6), torch.randn(1, 7, 16)
-    starts = torch.tensor([[True, False, False, False, False, True, False]])  # chunks of 5 and 2 tokens
-    with torch.no_grad():
-        pred = net(source, tokens, starts)[0][0]  # [T, Lx, 2Ft]
-        changed = source.clone()
-        changed[0, 1] += 1.0  # token 1 is read by tokens 1..3 (a span of 3), not by 4 or the next chunk
-        moved = (net(changed, tokens, starts)[0][0] - pred).abs().amax(dim=(1, 2))
-    assert (moved[1:4] > 1e-4).all() and (moved[[0, 4, 5, 6]] == 0).all()
-    for bad, message in (({"token_attention": -1}, "token attention span -1"),
-                         ({"token_attention": 2, "width": 30}, "width 30 does not split into 4")):
-        with pytest.raises(TranslatorError, match=message):
-            TranslatorConfig.for_models("mot", _Shape(), _Shape(), **bad)
-    with pytest.raises(TranslatorError, match="linear translator has no trunk to attend with"):
-        TranslatorConfig.for_models("linear", _Shape(), _Shape(), token_attention=2)
 
 
 class _Shape:
@@ -936,9 +897,9 @@ def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair,
     # a resumable state saved before the token window existed keeps its key: the default window is left out
     cfg, settings = TranslatorConfig.for_models("mot", *pair, **SIZES), tiny_settings()
     before = {k: v for k, v in dataclasses.asdict(cfg).items()
-              if k not in ("token_window", "expert_inputs", "focus_layers", "focus_scale", "token_attention")}
+              if k not in ("token_window", "expert_inputs", "focus_layers", "focus_scale")}
     shaping = {k: v for k, v in dataclasses.asdict(settings).items()
-               if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "attention_weight", "readout_weight",
+               if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "attention_weight",
                             "full_vocab_kl", "heldout_prefix_tokens", "heldout_seed", "qa_data", "qa_format",
                             "qa_fraction", "qa_skip")}
     key = hashlib.sha256(json.dumps([before, shaping], sort_keys=True).encode()).hexdigest()[:10]
@@ -946,7 +907,6 @@ def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair,
     assert _config_key(dataclasses.replace(cfg, token_window=2), settings) != key
     assert _config_key(dataclasses.replace(cfg, expert_inputs="depth"), settings) != key
     assert _config_key(dataclasses.replace(cfg, focus_layers=(2,), focus_scale=3), settings) != key
-    assert _config_key(dataclasses.replace(cfg, token_attention=8), settings) != key
 
 
 def test_training_depth_experts_is_recorded_and_they_translate_chunks_as_one(pair, corpus, tmp_path):

@@ -36,7 +36,7 @@ def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     """A short hash of what a training state depends on, so a resume never loads an incompatible state."""
     ignored = ("steps", "threads", "checkpoint_every", "heldout_examples", "heldout_prefix_tokens", "heldout_seed")
     shaping = {k: v for k, v in asdict(settings).items() if k not in ignored}
-    for added_later in ("attention_weight", "full_vocab_kl", "readout_weight"):  # states of runs without them keep their key
+    for added_later in ("attention_weight", "full_vocab_kl"):  # states of runs without them keep their key
         if not shaping[added_later]:
             shaping.pop(added_later)
     if not shaping["qa_fraction"]:  # likewise without question-answer continuations
@@ -49,8 +49,6 @@ def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
         config.pop("expert_inputs")
     if not config["focus_layers"]:  # and for focused layers, added after that
         config.pop("focus_layers"), config.pop("focus_scale")
-    if not config["token_attention"]:  # and for token attention, added after that
-        config.pop("token_attention")
     return hashlib.sha256(json.dumps([config, shaping], sort_keys=True).encode()).hexdigest()[:10]
 
 

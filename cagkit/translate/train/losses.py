@@ -4,9 +4,8 @@ KV reconstruction (MSE of the normalised K and V per translated layer) + Context
 target replays the continuation over `sink + translated prefix` and is pulled towards its native replay (KL over
 the native top logits, renormalised, or with `full_vocab_kl` over the whole vocabulary as those tokens plus one bin
 for the rest; plus the relative MSE of every layer's hidden states), with gradients only into the translator + a
-load-balancing term that keeps every expert in use; optionally what the continuation's native queries read from
-the prefix: the KL of their attention over it (`attention_weight`) and the error of their attention output
-(`readout_weight`).
+load-balancing term that keeps every expert in use; optionally the KL of the continuation's attention over the
+prefix (`attention_weight`).
 """
 
 from __future__ import annotations
@@ -104,39 +103,24 @@ def top_bins_kl(native_top: torch.Tensor, native_lse: torch.Tensor, top_ids: tor
     return kl.mean() if mask is None else (kl * mask).sum() / mask.sum()
 
 
-def reading_losses(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
-                   tables: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the continuation's native queries read from the sink and the prefix, with the native prefix K|V
-    against the translated `kv` (raw RoPE-free K|V [B, P, Lt, 2Ft]), as two means over the translated layers above
-    layer 0: the KL(native || translated) of their attention (the attention loss), and the squared error of their
-    attention output, the attention-weighted values, relative to the native output's mean square in that layer (the
-    read-out loss). The sink is the same on both sides, so the attention loss sees how much attention goes to the
-    context at all, not only where in it."""
+def attention_loss(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
+                   tables: RotaryTables) -> torch.Tensor:
+    """Mean over the translated layers (above layer 0) of KL(native || translated) of the attention that the
+    continuation's native queries give the sink and the prefix, with the native prefix keys vs the translated
+    keys `kv` (raw RoPE-free K|V [B, P, Lt, 2Ft]). The sink is the same on both sides, so the loss sees how much
+    attention goes to the context at all, not only where in it."""
     layers = [layer for layer in cfg.translated_layers if layer > 0]  # layer 0's input is not kept in `hidden`
     sink = sink_ids(target)
     with torch.no_grad():
-        sink_kv = prefill_kv(target.model, sink, tables) if sink else None  # RoPE-free [Lt, S, Hk, D]
-    native_kv = batch["target_kv"].to(kv.dtype)
+        sink_keys = prefill_kv(target.model, sink, tables).keys.to(kv.dtype) if sink else None  # [Lt, S, Hk, D]
+    total = kv.new_zeros(())
     mask = batch["mask"].to(kv.dtype)[:, None, None, :] if "mask" in batch else None  # [B, 1, 1, C]
-
-    def masked_mean(x: torch.Tensor) -> torch.Tensor:  # x: [B, Hk, G, C]
-        return x.mean() if mask is None else (x * mask).sum() / (mask.sum() * x.shape[1] * x.shape[2])
-
-    attention, readout = kv.new_zeros(()), kv.new_zeros(())
     for layer in layers:
-        logps = prefix_attention(target, [native_kv, kv], batch["hidden"], layer, cfg, tables,
-                                 sink_kv.keys.to(kv.dtype) if sink_kv is not None else None)
-        attention = attention + masked_mean((logps[0].exp() * (logps[0] - logps[1])).sum(-1))
-        outputs = []
-        for logp, cache in zip(logps, (native_kv, kv)):
-            values = cache[:, :, layer, cfg.target_kv_dim:].reshape(*cache.shape[:2], cfg.target_heads, -1)
-            if sink_kv is not None:
-                values = torch.cat([sink_kv.values[layer][None].to(kv.dtype).expand(len(values), -1, -1, -1), values],
-                                   dim=1)  # [B, S + P, Hk, D]
-            outputs.append(torch.einsum("bhgcp,bphd->bhgcd", logp.exp(), values))
-        error = (outputs[1] - outputs[0]).pow(2).mean(-1)  # [B, Hk, G, C]
-        readout = readout + masked_mean(error) / masked_mean(outputs[0].pow(2).mean(-1)).detach().clamp(min=1e-8)
-    return attention / max(len(layers), 1), readout / max(len(layers), 1)
+        native, translated = prefix_attention(target, [batch["target_kv"].to(kv.dtype), kv], batch["hidden"], layer,
+                                              cfg, tables, sink_keys)
+        kl = (native.exp() * (native - translated)).sum(-1)  # [B, Hk, G, C]
+        total = total + (kl.mean() if mask is None else (kl * mask).sum() / (mask.sum() * kl.shape[1] * kl.shape[2]))
+    return total / max(len(layers), 1)
 
 
 def prefix_attention(target: LoadedModel, kvs: list[torch.Tensor], hidden: torch.Tensor, layer: int,
@@ -196,11 +180,7 @@ def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings:
     loss = (settings.kv_weight * kv_loss + settings.kl_weight * kl + settings.hidden_weight * hidden
             + settings.balance_weight * balance)
     parts = {"kv": kv_loss, "kl": kl, "hidden": hidden, "balance": balance}
-    if settings.attention_weight or settings.readout_weight:
-        attention, readout = reading_losses(target, full, batch, cfg, tables)
-        for name, weight, value in (("attention", settings.attention_weight, attention),
-                                    ("readout", settings.readout_weight, readout)):
-            if weight:
-                parts[name] = value
-                loss = loss + weight * value
+    if settings.attention_weight:
+        parts["attention"] = attention_loss(target, full, batch, cfg, tables)
+        loss = loss + settings.attention_weight * parts["attention"]
     return {"loss": loss, **parts}
