@@ -290,11 +290,13 @@ def _interval(run: dict, a: str | None, b: str | None, closed_set: bool) -> str:
 
 def _shared_scores(a: dict, b: dict, closed_set: bool) -> list[tuple[float, float]]:
     """Per question both methods answered (by id), their two scores: F1, or 1/0 for right/wrong."""
-    def score(r: dict) -> float:
-        return float(r["correct"]) if closed_set else float(r["f1"])
+    first, second = (_per_question(scores, closed_set) for scores in (a, b))
+    return [(score, second[i]) for i, score in first.items() if i in second]
 
-    records = [{r["id"]: r for r in scores.get("examples") or []} for scores in (a, b)]
-    return [(score(r), score(records[1][i])) for i, r in records[0].items() if i in records[1]]
+
+def _per_question(scores: dict, closed_set: bool) -> dict[str, float]:
+    """A method's score per question id: F1, or 1/0 for right/wrong."""
+    return {r["id"]: float(r["correct"]) if closed_set else float(r["f1"]) for r in scores.get("examples") or []}
 
 
 def compare(specs: list[str]) -> list[dict]:
@@ -511,10 +513,9 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
                     mean, low, high = paired_bootstrap([x - y for x, y in pairs])
                     entry["against"][control] = {"questions": len(pairs), "mean": mean, "low": low, "high": high}
             if "none" in run["methods"] and "oracle" in run["methods"]:  # over the questions all three answered
-                by_id = [{r["id"]: float(r["correct"]) if closed_set else float(r["f1"]) for r in
-                          run["methods"][m].get("examples") or []} for m in (method, "none", "oracle")]
+                by_id = [_per_question(run["methods"][m], closed_set) for m in (method, "none", "oracle")]
                 shared = set(by_id[0]).intersection(*by_id[1:])
-                got, none, oracle = (sum(scores[i] for i in shared) / max(len(shared), 1) for scores in by_id)
+                got, none, oracle = (sum(per[i] for i in shared) / max(len(shared), 1) for per in by_id)
                 if oracle != none:
                     entry["gap_closed"] = {"questions": len(shared), "share": (got - none) / (oracle - none)}
             entries.append(entry)
