@@ -174,23 +174,16 @@ def run_score(args) -> int:
 
 
 def run_answers(args) -> int:
-    import hashlib
     from pathlib import Path
 
     from cagkit.evaluation.report import translator_answers
-    from cagkit.translate.cards import card_path, write_card
+    from cagkit.translate.cards import card_path, checkpoint_digest, read_card, write_card
 
     checkpoint = Path(args.checkpoint)
     if not checkpoint.is_file():
         raise CagkitError(f"{checkpoint}: no such translator checkpoint; give a .safetensors file")
-    card_file = card_path(checkpoint)
-    try:
-        card = json.loads(card_file.read_text(encoding="utf-8")) if card_file.exists() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CagkitError(f"translator card {card_file} is not readable JSON ({exc}); restore it before adding "
-                          f"answers to it") from None
-    entries = translator_answers(hashlib.sha256(checkpoint.read_bytes()).hexdigest()[:16],
-                                 [Path(p) for p in args.results])
+    card = read_card(checkpoint, "restore it before adding answers to it")
+    entries = translator_answers(checkpoint_digest(checkpoint), [Path(p) for p in args.results])
     replaced = {(e["results"], e["method"]) for e in entries}
     card["answers"] = [e for e in card.get("answers", []) if (e["results"], e["method"]) not in replaced] + entries
     write_card(checkpoint, card)
@@ -200,7 +193,7 @@ def run_answers(args) -> int:
                             for name, d in e["against"].items())
         gap = f"; {e['gap_closed']['share']:.0%} of the none → oracle gap" if "gap_closed" in e else ""
         print(f"{e['data']} {e['method']} ({e['placement']}, {e['questions']} q): {quality}; {against}{gap}")
-    print(f"{card_file}: {len(entries)} answer record(s) written")
+    print(f"{card_path(checkpoint)}: {len(entries)} answer record(s) written")
     return 0
 
 

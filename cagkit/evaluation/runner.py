@@ -67,7 +67,7 @@ from cagkit.models.loading import LoadedModel, load_model
 from cagkit.retrieval.rank import check_retrieval
 from cagkit.retrieval.search import retrieve
 from cagkit.store.store import Hit, Store
-from cagkit.translate.cards import translator_path
+from cagkit.translate.cards import checkpoint_digest, translator_path
 
 TRANSLATED = ("linear", "projector", "mot", "mot-placed")
 TARGET_NATIVE = ("native", "none", "oracle", "select")  # methods whose KV the target computes itself
@@ -416,7 +416,7 @@ def _translator_digest(method: str, lm: LoadedModel, store: Store) -> str | None
     """The first 16 hex digits of the sha256 of the checkpoint a translated method reads, else None."""
     if method not in TRANSLATED or lm.fingerprint == store.settings.source_fingerprint:
         return None
-    return hashlib.sha256(translator_path(store.settings.source, lm.name, _mode(method)).read_bytes()).hexdigest()[:16]
+    return checkpoint_digest(translator_path(store.settings.source, lm.name, _mode(method)))
 
 
 def _load_previous(out: Path, results: dict) -> dict:

@@ -7,6 +7,7 @@ it uses from here), and the command answers without loading PyTorch.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -31,8 +32,23 @@ def translator_path(source: str, target: str, kind: str = "mot") -> Path:
     return translators_dir() / f"{source}__{target}{suffix}"
 
 
+def checkpoint_digest(checkpoint: Path) -> str:
+    """The first 16 hex digits of a checkpoint file's sha256: what a results file records of the translator each
+    method read, and what `cagkit translators answers` matches them by."""
+    return hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest()[:16]
+
+
 def card_path(checkpoint: Path) -> Path:
     return Path(checkpoint).with_suffix(".json")
+
+
+def read_card(checkpoint: Path, fix: str) -> dict:
+    """The JSON card of `checkpoint`, {} when it has none; an unreadable one is refused with `fix` in the message."""
+    card_file = card_path(checkpoint)
+    try:
+        return json.loads(card_file.read_text(encoding="utf-8")) if card_file.exists() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TranslatorError(f"translator card {card_file} is not readable JSON ({exc}); {fix}") from None
 
 
 def train_command(source: str, target: str, kind: str = "mot") -> str:
@@ -62,12 +78,7 @@ def list_translators(directory: Path | None = None) -> list[dict]:
     for path in sorted(directory.glob("*__*.safetensors")):
         pair, _, kind = path.name[: -len(".safetensors")].partition(".")
         source, _, target = pair.partition("__")
-        card_file = card_path(path)
-        try:
-            card = json.loads(card_file.read_text(encoding="utf-8")) if card_file.exists() else {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TranslatorError(f"translator card {card_file} is not readable JSON ({exc}); restore it from git "
-                                  f"or retrain with `{train_command(source, target, kind or 'mot')}`") from None
+        card = read_card(path, f"restore it from git or retrain with `{train_command(source, target, kind or 'mot')}`")
         heldout = card.get("heldout") or {}
         recall = heldout.get("recall") or {}
         row = {
