@@ -43,7 +43,7 @@ from cagkit.files import save_safetensors
 from cagkit.kv.chunk import ChunkKV
 from cagkit.models.device import model_device
 from cagkit.translate.alignment import align
-from cagkit.translate.cards import card_path, train_command, translator_path, write_card
+from cagkit.translate.cards import read_card, train_command, translator_path, write_card
 
 FORMAT_VERSION = 1
 
@@ -480,7 +480,7 @@ def read_translator(path: Path) -> Translator:
         net = TranslatorNet(TranslatorConfig(**json.loads(meta["config"])))
     # strict: a tensor missing from the file is an error, so none is left on the meta device
     net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, assign=True)
-    card = json.loads(card_path(path).read_text()) if card_path(path).exists() else {}
+    card = read_card(path, "restore it from git, or retrain the translator with `cagkit translators train`")
     return Translator(net, meta["source_fingerprint"], meta["target_fingerprint"], card)
 
 

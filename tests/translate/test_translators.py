@@ -24,6 +24,7 @@ from cagkit.kv.prefill import prefill_kv, prefix_cache, sink_ids
 from cagkit.kv.rope import RotaryTables
 from cagkit.models.loading import LoadedModel, register_loaded
 from cagkit.translate.alignment import align
+from cagkit.translate.cards import card_path
 from cagkit.translate.train import heldout, loop, score_translator, train_translator
 from cagkit.translate.train.data import (
     TrainingData,
@@ -47,7 +48,6 @@ from cagkit.translate.translator import (
     Translator,
     TranslatorConfig,
     TranslatorNet,
-    card_path,
     embedding_layer_kv,
     load_translator,
     read_translator,
