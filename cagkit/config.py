@@ -19,7 +19,6 @@ ASK_MODES = ("mot", "native", "linear", "projector", "oracle", "select")  # cagk
 # mot-placed: the MoT's translated chunks placed as translated, no blend, whatever --blend says)
 EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot", "mot-placed", "oracle")
 TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translate.translator
-EXPERT_INPUTS = ("trunk", "depth")  # cagkit.translate.translator: what each MoT expert reads
 # cagkit.retrieval: how chunks are ranked for a question (hybrid: embedding and BM25 rankings fused)
 RETRIEVAL_MODES = ("hybrid", "dense", "lexical")
 DEFAULT_RETRIEVAL = "hybrid"
@@ -137,21 +136,9 @@ class TranslatorSizes:
     token_dim: int = 128  # projected token-identity features
     skip_rank: int = 256  # rank of the linear skip from the source window (mot, projector)
     align_mode: str = "cover"  # how a target token reads the source tokens (ALIGN_MODES)
-    # Target positions whose aligned source features each token reads: itself and the `token_window - 1`
-    # before it in the same chunk (1: the token alone, as every shipped checkpoint was trained).
-    token_window: int = 1
-    # What each expert reads (mot): the shared trunk (`trunk`, as every shipped checkpoint was trained), or one
-    # source layer of the window each plus the token identity (`depth`: expert e reads layer e mod window), so
-    # the router's choice is a choice of source depth.
-    expert_inputs: str = "trunk"
-    # Target layers whose trunk width and expert hidden units are `focus_scale` times the others' (none in every
-    # shipped checkpoint): more capacity where translating a layer loses the most (benchmarks/layer_damage.py).
-    focus_layers: tuple[int, ...] = ()
-    focus_scale: int = 1
 
 
 TRANSLATOR_SIZES = TranslatorSizes()
-DEFAULT_FOCUS_SCALE = 3  # how many times wider focused layers are when only the layers are named
 DEFAULT_QA_FRACTION = 0.5  # share of training examples with a question-answer continuation, given a QA file
 
 
@@ -175,10 +162,6 @@ class TrainSettings:
     kv_weight: float = 1.0
     kl_weight: float = 1.0
     hidden_weight: float = 1.0
-    # Weight of the attention loss: in every translated layer, the continuation's native queries attend over
-    # the translated keys as over the native ones (KL of the attention over the prefix). Keys decide what a
-    # look-up in the context finds; 0 leaves it out (the shipped checkpoints were trained without it).
-    attention_weight: float = 0.0
     balance_weight: float = 0.01
     top_logits: int = 64
     # The CCL's logits KL. False: over the native top `top_logits` tokens, renormalised (mass the translated

@@ -8,9 +8,7 @@ import json
 
 from cagkit.config import (
     ALIGN_MODES,
-    DEFAULT_FOCUS_SCALE,
     DEFAULT_QA_FRACTION,
-    EXPERT_INPUTS,
     TRANSLATOR_KINDS,
     TRANSLATOR_SIZES,
     TrainSettings,
@@ -41,9 +39,6 @@ def add_parser(sub) -> None:
                         f"held-out scoring always uses {_TRAIN.heldout_prefix_tokens}, so cards compare)")
     t.add_argument("--recall-fraction", type=float, default=_TRAIN.recall_fraction,
                    help="share of examples whose replayed continuation repeats a span of the passage (default: %(default)s)")
-    t.add_argument("--attention-weight", type=float, default=_TRAIN.attention_weight,
-                   help="weight of the attention loss: the continuation's native queries must attend over the "
-                        "translated keys as over the native ones (default: %(default)s, off)")
     t.add_argument("--kv-weight", type=float, default=_TRAIN.kv_weight,
                    help="weight of the KV reconstruction loss against the target's native keys and values "
                         "(default: %(default)s; 0 trains on the Context Correction Loss alone)")
@@ -59,12 +54,9 @@ def add_parser(sub) -> None:
                    help="how a target token reads the source tokens: the one covering its last character (cover), or "
                         "every overlapping one weighted by shared characters (overlap) (default: "
                         f"{TRANSLATOR_SIZES.align_mode})")
-    t.add_argument("--token-window", type=int, default=TRANSLATOR_SIZES.token_window,
-                   help="target positions whose source features each token reads: itself and the N-1 before it "
-                        "in its chunk (default: %(default)s, the token alone)")
     t.add_argument("--window", type=int, default=None,
                    help="source layers each target layer reads, centred on the one matched by depth (default: "
-                        f"{TRANSLATOR_SIZES.window}, or one per expert with --expert-inputs depth)")
+                        f"{TRANSLATOR_SIZES.window})")
     t.add_argument("--width", type=int, default=None,
                    help=f"trunk width of each layer's translator (default: {TRANSLATOR_SIZES.width}; mot and projector)")
     t.add_argument("--expert-hidden", type=int, default=None,
@@ -74,15 +66,6 @@ def add_parser(sub) -> None:
                    help=f"expert MLPs per layer (default: {TRANSLATOR_SIZES.num_experts}; mot only)")
     t.add_argument("--top-k", dest="top_k", type=int, default=None,
                    help=f"experts the router picks per token (default: {TRANSLATOR_SIZES.top_k}; mot only)")
-    t.add_argument("--expert-inputs", dest="expert_inputs", default=None, choices=EXPERT_INPUTS,
-                   help=f"what each expert reads: the shared trunk (trunk), or one source layer each "
-                        "plus the token identity (depth; the source window then defaults to one layer per "
-                        f"expert); mot only (default: {TRANSLATOR_SIZES.expert_inputs})")
-    t.add_argument("--focus-layers", default=None, metavar="L,...",
-                   help="target layers that get --focus-scale times the trunk width and expert hidden units, e.g. "
-                        "those that `benchmarks/layer_damage.py` finds lose the most (default: none)")
-    t.add_argument("--focus-scale", type=int, default=None, metavar="F",
-                   help=f"how many times wider the --focus-layers' translators are (default: {DEFAULT_FOCUS_SCALE})")
     t.add_argument("--seed", type=int, default=_TRAIN.seed,
                    help="seeds the training passages, the initialisation and the batch order (default: %(default)s; "
                         "the held-out passages stay the same, so runs of other seeds compare)")
@@ -127,38 +110,21 @@ def run_train(args) -> int:
     from cagkit.translate.train import train_translator
 
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
-                             attention_weight=args.attention_weight, full_vocab_kl=args.full_vocab_kl,
+                             full_vocab_kl=args.full_vocab_kl,
                              kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
                              prefix_tokens=args.prefix_tokens, seed=args.seed, qa_data=args.qa,
                              qa_format=args.qa_format, qa_skip=args.qa_skip,
                              qa_fraction=args.qa_fraction if args.qa_fraction is not None else DEFAULT_QA_FRACTION if args.qa
                              else _TRAIN.qa_fraction,
                              sizes={**({"align_mode": args.align} if args.align else {}),
-                                    **({"token_window": args.token_window} if args.token_window != TRANSLATOR_SIZES.token_window
-                                       else {}),
                                     **{name: getattr(args, name) for name in ("window", "width", "expert_hidden",
-                                                                               "num_experts", "top_k", "expert_inputs")
-                                       if getattr(args, name) is not None},
-                                    **_focus(args)},
+                                                                               "num_experts", "top_k")
+                                       if getattr(args, name) is not None}},
                              **({"lr": args.lr} if args.lr is not None else {}))
     out = train_translator(source=args.source, target=args.target, corpus=args.corpus, steps=args.steps,
                            out=args.out, kind=args.kind, work_dir=args.work_dir, settings=settings, init=args.init)
     print(f"wrote {out}")
     return 0
-
-
-def _focus(args) -> dict:
-    """The focused layers' sizes from --focus-layers and --focus-scale (3 when only the layers are given)."""
-    if not args.focus_layers:
-        if args.focus_scale is not None:
-            raise CagkitError("--focus-scale widens the layers --focus-layers names; pass --focus-layers too")
-        return {}
-    try:
-        layers = tuple(int(layer) for layer in args.focus_layers.split(","))
-    except ValueError:
-        raise CagkitError(f"--focus-layers {args.focus_layers}: give comma-separated target layer numbers, "
-                          f"e.g. 16 or 9,16") from None
-    return {"focus_layers": layers, "focus_scale": args.focus_scale if args.focus_scale is not None else DEFAULT_FOCUS_SCALE}
 
 
 def run_score(args) -> int:

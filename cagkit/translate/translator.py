@@ -8,9 +8,7 @@ values. Three kinds share one file format and one `translate` path:
   target token and the one before it), and a token-level router sends each token to its top-k of several
   expert MLPs. A low-rank linear skip from the source window carries what every token needs; it starts as the
   (rank-truncated) ridge solution and the experts start at zero, so training begins at the `linear` baseline.
-  The trunk reads the skip's compressed source window (its first factor) next to the token identity. With
-  `expert_inputs="depth"` each expert instead reads one source layer of the window (expert e the e-th, modulo the
-  window) plus the token identity, and the router, still on the trunk, chooses per token which depths to draw on.
+  The trunk reads the skip's compressed source window (its first factor) next to the token identity.
 - `projector`: the same trunk with one expert MLP and no router (baseline).
 - `linear`: one ridge-regression map per target layer from the source window alone (baseline, closed form).
 
@@ -29,15 +27,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from cagkit.config import EXPERT_INPUTS, TRANSLATOR_SIZES
 from cagkit.config import TRANSLATOR_KINDS as KINDS
+from cagkit.config import TRANSLATOR_SIZES
 from cagkit.errors import TranslatorError
 from cagkit.files import save_safetensors
 from cagkit.kv.chunk import ChunkKV
@@ -69,17 +67,6 @@ class TranslatorConfig:
     token_dim: int = TRANSLATOR_SIZES.token_dim
     skip_rank: int = TRANSLATOR_SIZES.skip_rank
     align_mode: str = TRANSLATOR_SIZES.align_mode
-    token_window: int = TRANSLATOR_SIZES.token_window
-    expert_inputs: str = TRANSLATOR_SIZES.expert_inputs
-    focus_layers: tuple[int, ...] = TRANSLATOR_SIZES.focus_layers
-    focus_scale: int = TRANSLATOR_SIZES.focus_scale
-
-    def __post_init__(self):
-        self.focus_layers = tuple(int(layer) for layer in self.focus_layers)  # a list when read back from JSON
-
-    def layer_scale(self, target_layer: int) -> int:
-        """How many times the default width and expert hidden units `target_layer`'s translator has."""
-        return self.focus_scale if target_layer in self.focus_layers else 1
 
     @property
     def target_kv_dim(self) -> int:
@@ -100,24 +87,16 @@ class TranslatorConfig:
         """Refuse a kind or sizes no translator can have, or sizes `kind` would ignore; needs no model."""
         if kind not in KINDS:
             raise TranslatorError(f"unknown translator kind '{kind}'; use one of {', '.join(KINDS)}")
-        if int(sizes.get("token_window", cls.token_window)) < 1:
-            raise TranslatorError(f"token window {sizes['token_window']} must be 1 (the token alone) or more")
         for name in ("window", "width", "expert_hidden", "num_experts", "top_k"):
             if name in sizes and int(sizes[name]) < 1:
                 raise TranslatorError(f"translator {name.replace('_', ' ')} {sizes[name]} must be 1 or more")
-        if kind != "mot" and ("num_experts" in sizes or "top_k" in sizes or "expert_inputs" in sizes):
-            raise TranslatorError(f"a {kind} translator has no experts to choose from; the number of experts, "
-                                  f"top-k and expert inputs are for --kind mot")
-        if kind == "linear" and (ignored := [name for name in ("width", "expert_hidden", "focus_layers")
-                                             if name in sizes]):
+        if kind != "mot" and ("num_experts" in sizes or "top_k" in sizes):
+            raise TranslatorError(f"a {kind} translator has no experts to choose from; the number of experts and "
+                                  f"top-k are for --kind mot")
+        if kind == "linear" and (ignored := [name for name in ("width", "expert_hidden") if name in sizes]):
             flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
             raise TranslatorError(f"a linear translator is one ridge map per layer, with no trunk or experts to "
                                   f"size: {flags} would change nothing; leave it out or use --kind projector or mot")
-        if sizes.get("expert_inputs", cls.expert_inputs) not in EXPERT_INPUTS:
-            raise TranslatorError(f"unknown expert inputs '{sizes['expert_inputs']}'; use one of "
-                                  f"{', '.join(EXPERT_INPUTS)}")
-        if int(sizes.get("focus_scale", cls.focus_scale)) < 1:
-            raise TranslatorError(f"focus scale {sizes['focus_scale']} must be 1 or more")
         if sizes.get("top_k", cls.top_k) > sizes.get("num_experts", cls.num_experts):
             raise TranslatorError(f"top-k {sizes.get('top_k', cls.top_k)} is more than the "
                                   f"{sizes.get('num_experts', cls.num_experts)} experts; give a top-k of at most "
@@ -127,13 +106,7 @@ class TranslatorConfig:
     def for_models(cls, kind: str, source, target, **sizes) -> "TranslatorConfig":
         """A config for a source and target model (anything with `.config`, e.g. `LoadedModel`)."""
         cls.check_sizes(kind, sizes)
-        if sizes.get("expert_inputs") == "depth":  # one source layer per expert unless the window is given
-            sizes.setdefault("window", sizes.get("num_experts", cls.num_experts))
         s_cfg, t_cfg = _text_config(source), _text_config(target)
-        native = int(sizes.get("native_layers", cls.native_layers))
-        if bad := [layer for layer in sizes.get("focus_layers", ()) if not native <= layer < t_cfg.num_hidden_layers]:
-            raise TranslatorError(f"focus layer {bad[0]} is not a translated layer of the target; give layers "
-                                  f"{native} to {t_cfg.num_hidden_layers - 1}")
         sizes["window"] = min(sizes.get("window", cls.window), s_cfg.num_hidden_layers)
         source_dim = sizes["window"] * 2 * s_cfg.num_key_value_heads * _head_dim(s_cfg)
         target_dim = 2 * t_cfg.num_key_value_heads * _head_dim(t_cfg)
@@ -174,10 +147,10 @@ class LayerTranslator(nn.Module):
     # the second on the CPU (None). The result is the same up to rounding.
     dense_experts: bool | None = None
 
-    def __init__(self, cfg: TranslatorConfig, source_dim: int, in_dim: int, scale: int = 1):
+    def __init__(self, cfg: TranslatorConfig, source_dim: int, in_dim: int):
         super().__init__()
         out_dim = 2 * cfg.target_kv_dim
-        width, expert_hidden = cfg.width * scale, cfg.expert_hidden * scale
+        width, expert_hidden = cfg.width, cfg.expert_hidden
         self.kind, self.top_k, self.source_dim = cfg.kind, cfg.top_k, source_dim
         if cfg.kind == "linear":
             self.head = nn.Linear(source_dim, out_dim)
@@ -186,13 +159,8 @@ class LayerTranslator(nn.Module):
         trunk_in = cfg.skip_rank + in_dim - source_dim
         self.trunk = nn.Sequential(nn.Linear(trunk_in, width), nn.LayerNorm(width), nn.GELU())
         self.router = nn.Linear(width, cfg.num_experts) if cfg.num_experts > 1 else None
-        # `depth`: expert e reads one source layer's block of the window (blocks are layer-major, each with the
-        # token window's lags) and the token identity; `trunk`: every expert reads the trunk.
-        self.depth_block = source_dim // cfg.window if cfg.expert_inputs == "depth" else None
-        self.window = cfg.window
-        expert_in = width if self.depth_block is None else self.depth_block + in_dim - source_dim
         self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(expert_in, expert_hidden), nn.GELU(), nn.Linear(expert_hidden, out_dim))
+            nn.Sequential(nn.Linear(width, expert_hidden), nn.GELU(), nn.Linear(expert_hidden, out_dim))
             for _ in range(cfg.num_experts)
         )
         for expert in self.experts:  # experts start silent: the translator starts as its skip
@@ -214,25 +182,16 @@ class LayerTranslator(nn.Module):
             # whose sizes the GPU would have to report back to the host before each expert could run.
             weights = torch.zeros_like(probs).scatter(1, top_i, gates)  # [N, E]
             for e, expert in enumerate(self.experts):
-                y = y + weights[:, e, None] * expert(self.expert_input(e, x, h))
+                y = y + weights[:, e, None] * expert(h)
         else:
             for e, expert in enumerate(self.experts):
                 rows, slot = (top_i == e).nonzero(as_tuple=True)
                 if rows.numel():
-                    y = y.index_add(0, rows, gates[rows, slot, None] * expert(self.expert_input(e, x, h, rows)))
+                    y = y.index_add(0, rows, gates[rows, slot, None] * expert(h[rows]))
         # Switch-style balance: fraction of assignments per expert times its mean probability, 1.0 when uniform
         share = torch.bincount(top_i.reshape(-1), minlength=len(self.experts)).float() / top_i.numel()
         balance = len(self.experts) * (share * probs.mean(dim=0)).sum()
         return y, balance
-
-    def expert_input(self, e: int, x: torch.Tensor, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """What expert e reads, given the features x [N, F_in] and the trunk output h [N, width]: for every row, or
-        for `rows` only (only what the expert reads is gathered)."""
-        if self.depth_block is None:
-            return h if rows is None else h[rows]
-        x = x if rows is None else x[rows]
-        start = (e % self.window) * self.depth_block
-        return torch.cat([x[:, start:start + self.depth_block], x[:, self.source_dim:]], dim=-1)
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The router's choice for each row of the trunk output h [N, width]: its probabilities over the experts
@@ -260,55 +219,35 @@ class TranslatorNet(nn.Module):
         self.register_buffer("windows", torch.tensor([cfg.source_window(t) for t in layers], dtype=torch.long))
         uses_tokens = cfg.kind != "linear"
         self.token_proj = nn.Linear(2 * cfg.target_embed_dim, cfg.token_dim) if uses_tokens else None
-        source_dim = cfg.token_window * cfg.window * 2 * cfg.source_kv_dim
+        source_dim = cfg.window * 2 * cfg.source_kv_dim
         in_dim = source_dim + (cfg.token_dim if uses_tokens else 0)
-        self.layers = nn.ModuleList(LayerTranslator(cfg, source_dim, in_dim, cfg.layer_scale(t)) for t in layers)
+        self.layers = nn.ModuleList(LayerTranslator(cfg, source_dim, in_dim) for _ in layers)
 
-    def source_inputs(self, source: torch.Tensor, starts: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Per translated layer, its normalised source-window features [N, token_window * window * 2Fs] (N = B * T).
+    def source_inputs(self, source: torch.Tensor) -> list[torch.Tensor]:
+        """Per translated layer, its normalised source-window features [N, window * 2Fs] (N = B * T) from the raw
+        aligned source K|V [B, T, Ls, 2Fs]."""
+        return list(self._source_inputs(source))
 
-        source: [B, T, Ls, 2Fs]. With a token window above 1 each token also reads the features of the tokens
-        before it, never across a chunk start: `starts` [B, T] marks the first token of each chunk (default: each
-        row is one chunk); before a start the features are 0, the training mean.
-        """
-        return list(self._source_inputs(source, starts))
-
-    def _source_inputs(self, source: torch.Tensor, starts: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+    def _source_inputs(self, source: torch.Tensor) -> Iterator[torch.Tensor]:
         """`source_inputs` one layer at a time, so each layer's features can be freed before the next are made."""
         z = (source - self.source_mean).div_(self.source_std)  # [B, T, Ls, 2Fs]
-        if self.cfg.token_window > 1:
-            if starts is None:
-                starts = torch.zeros(z.shape[:2], dtype=torch.bool, device=z.device)
-                starts[:, 0] = True
-            chunk = starts.long().cumsum(dim=1)  # [B, T]: which chunk each token is in
-            shifted = [z]
-            for lag in range(1, self.cfg.token_window):
-                prev = torch.zeros_like(z)
-                if lag < z.shape[1]:
-                    same = (chunk[:, lag:] == chunk[:, :-lag]).to(z.dtype)  # [B, T - lag]
-                    prev[:, lag:] = z[:, :-lag] * same[..., None, None]
-                shifted.append(prev)
-            z = torch.stack(shifted, dim=-2)  # [B, T, Ls, W, 2Fs]
-            z = z.flatten(-2)  # [B, T, Ls, W * 2Fs]
-        z = z.reshape(-1, *z.shape[2:])  # [N, Ls, F]
+        z = z.reshape(-1, *z.shape[2:])  # [N, Ls, 2Fs]
         for window in self.windows:
             yield z[:, window].reshape(z.shape[0], -1)
 
-    def layer_inputs(self, source: torch.Tensor, tokens: torch.Tensor | None,
-                     starts: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+    def layer_inputs(self, source: torch.Tensor, tokens: torch.Tensor | None) -> Iterator[torch.Tensor]:
         """Per translated layer in turn, its input features [N, F_in]: the source window, then token identity."""
         if self.token_proj is None:
-            yield from self._source_inputs(source, starts)
+            yield from self._source_inputs(source)
             return
         tok = self.token_proj(tokens.reshape(-1, tokens.shape[-1]))  # [N, token_dim]
-        for x in self._source_inputs(source, starts):
+        for x in self._source_inputs(source):
             yield torch.cat([x, tok], dim=-1)
 
-    def forward(self, source: torch.Tensor, tokens: torch.Tensor | None,
-                starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, source: torch.Tensor, tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         batch, steps = source.shape[:2]
         outs, balance = [], source.new_zeros(())
-        for layer, x in zip(self.layers, self.layer_inputs(source, tokens, starts)):
+        for layer, x in zip(self.layers, self.layer_inputs(source, tokens)):
             y, b = layer(x)
             outs.append(y)
             balance = balance + b / len(self.layers)
@@ -429,11 +368,7 @@ class Translator:
         keys = torch.zeros(cfg.target_layers, sum(lengths), cfg.target_heads, cfg.target_head_dim, device=device)
         values = torch.zeros_like(keys)
         if sources:
-            starts = None  # each chunk's first token, read only by a token window
-            if cfg.token_window > 1:
-                starts = torch.zeros(1, sum(lengths), dtype=torch.bool, device=device)
-                starts[0, [sum(lengths[:i]) for i, length in enumerate(lengths) if length]] = True
-            pred, _ = self.net(torch.cat(sources)[None], torch.cat(tokens)[None], starts)
+            pred, _ = self.net(torch.cat(sources)[None], torch.cat(tokens)[None])
             kv = self.net.denormalise(pred)[0].transpose(0, 1)  # [T, Lx, 2Ft] -> [Lx, T, 2Ft]
             shape = (len(cfg.translated_layers), sum(lengths), cfg.target_heads, cfg.target_head_dim)
             keys[cfg.native_layers:] = kv[..., : cfg.target_kv_dim].reshape(shape)
@@ -476,8 +411,13 @@ def read_translator(path: Path) -> Translator:
             f"translator {path} has format version {meta.get('format_version')}, this cagkit reads "
             f"{FORMAT_VERSION}; retrain it with `cagkit translators train`"
         )
+    config = json.loads(meta["config"])
+    if unknown := sorted(set(config) - {field.name for field in fields(TranslatorConfig)}):
+        raise TranslatorError(f"translator {path} has sizes this cagkit does not build ({', '.join(unknown)}): it "
+                              f"was trained with a design since removed (docs/translators.md); retrain it with "
+                              f"`cagkit translators train`")
     with torch.device("meta"):  # no random initialisation of weights the checkpoint replaces at once
-        net = TranslatorNet(TranslatorConfig(**json.loads(meta["config"])))
+        net = TranslatorNet(TranslatorConfig(**config))
     # strict: a tensor missing from the file is an error, so none is left on the meta device
     net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, assign=True)
     card = read_card(path, "restore it from git, or retrain the translator with `cagkit translators train`")

@@ -295,14 +295,11 @@ def test_translators_train_passes_the_question_answer_options(monkeypatch, tmp_p
 
 
 @pytest.mark.parametrize("flag, sizes", [([], {}), (["--align", "overlap"], {"align_mode": "overlap"}),
-                                         (["--token-window", "2", "--align", "cover"],
-                                          {"align_mode": "cover", "token_window": 2}),
                                          (["--width", "320", "--expert-hidden", "256", "--experts", "8",
                                            "--top-k", "1"],
                                           {"width": 320, "expert_hidden": 256, "num_experts": 8, "top_k": 1}),
-                                         (["--expert-inputs", "depth", "--window", "5"],
-                                          {"expert_inputs": "depth", "window": 5})])
-def test_translators_train_passes_the_alignment_mode_and_token_window(monkeypatch, tmp_path, flag, sizes):
+                                         (["--window", "5"], {"window": 5})])
+def test_translators_train_passes_the_alignment_mode_and_sizes(monkeypatch, tmp_path, flag, sizes):
     import cagkit.translate.train as training
 
     seen = {}

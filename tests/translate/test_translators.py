@@ -14,6 +14,8 @@ import math
 import pytest
 import torch
 from conftest import make_tiny_gemma3, make_tiny_llama
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from cagkit.config import TrainSettings
 from cagkit.errors import TranslatorError
@@ -36,10 +38,8 @@ from cagkit.translate.train.data import (
 from cagkit.translate.train.heldout import evaluate_translator
 from cagkit.translate.train.loop import _config_key
 from cagkit.translate.train.losses import (
-    attention_loss,
     batch_losses,
     context_correction,
-    prefix_attention,
     top_bins_kl,
 )
 from cagkit.translate.train.ridge import fit_ridge, fit_statistics
@@ -116,15 +116,15 @@ def test_embedding_layer_kv_equals_a_native_prefill(pair):
         assert torch.allclose(values, native.values[0], atol=1e-5)
 
 
-def _gated_sum(layer, x, expert_input):
+def _gated_sum(layer, x):
     """The output of a 4-expert, top-2 `layer` on x [N, 12 source + 8 token features], written out row by row:
-    its skip plus each chosen expert's output on `expert_input(e, n, h)` (h: the trunk output), gated."""
+    its skip plus each chosen expert's output on the trunk output, gated."""
     h = layer.trunk(torch.cat([layer.skip[0](x[:, :12]), x[:, 12:]], dim=-1))
     top_p, top_i = torch.softmax(layer.router(h), dim=-1).topk(2, dim=-1)
     expected = layer.skip(x[:, :12])
     for n in range(len(x)):
         for p, e in zip(top_p[n] / top_p[n].sum(), top_i[n]):
-            expected[n] += p * layer.experts[int(e)](expert_input(int(e), n, h))
+            expected[n] += p * layer.experts[int(e)](h[n])
     return expected
 
 
@@ -137,7 +137,7 @@ def test_router_output_is_the_gated_sum_of_its_top_k_experts():
         torch.nn.init.normal_(expert[-1].weight)
     x = torch.randn(50, 20)
     y, balance = layer(x)
-    assert torch.allclose(y, _gated_sum(layer, x, lambda e, n, h: h[n]), atol=1e-5)
+    assert torch.allclose(y, _gated_sum(layer, x), atol=1e-5)
     assert 1.0 <= balance.item() <= 4.0  # 1 when balanced, E when one expert takes everything
     layer.dense_experts = True  # every expert on every row (the GPU's way) gives the same output and balance
     dense, dense_balance = layer(x)
@@ -148,32 +148,6 @@ def test_router_output_is_the_gated_sum_of_its_top_k_experts():
         layer.router.bias.zero_()
     _, uniform = layer(x)
     assert uniform.item() == pytest.approx(1.0, abs=1e-5)
-
-
-def test_depth_experts_each_read_one_source_layer_and_the_tokens():
-    torch.manual_seed(0)
-    cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=2, target_layers=3, target_heads=1,
-                           target_head_dim=4, target_embed_dim=8, num_experts=4, top_k=2, window=3,
-                           expert_inputs="depth", **SIZES)
-    layer = LayerTranslator(cfg, source_dim=12, in_dim=20)  # 3 source layers of 4 features, then 8 token features
-    assert [e[0].in_features for e in layer.experts] == [4 + 8] * 4
-    for expert in layer.experts:
-        torch.nn.init.normal_(expert[-1].weight)
-    x = torch.randn(50, 20)
-    y, _ = layer(x)
-    # expert e reads source layer e % 3 (expert 3 the first again) and the token features
-    expected = _gated_sum(layer, x, lambda e, n, h: torch.cat([x[n, 4 * (e % 3):4 * (e % 3) + 4], x[n, 12:]]))
-    assert torch.allclose(y, expected, atol=1e-5)
-    h = layer.trunk(torch.cat([layer.skip[0](x[:, :12]), x[:, 12:]], dim=-1))
-    layer.dense_experts = True
-    dense, _ = layer(x)
-    assert torch.allclose(dense, y, atol=1e-5)
-    # an expert's output moves with its own source layer and the tokens, not with the other layers
-    moved = x.clone()
-    moved[:, 4:8] += 1.0
-    assert torch.equal(layer.experts[0](layer.expert_input(0, moved, h)), layer.experts[0](layer.expert_input(0, x, h)))
-    assert not torch.equal(layer.experts[1](layer.expert_input(1, moved, h)),
-                           layer.experts[1](layer.expert_input(1, x, h)))
 
 
 def test_ridge_recovers_a_known_linear_map():
@@ -276,38 +250,7 @@ def test_training_data_streams_from_its_shards_as_if_in_memory(pair, corpus, tmp
     assert errors[0]["kv"] == pytest.approx(float(direct.mean()), rel=1e-3)
 
 
-def test_prefix_attention_is_the_targets_own_attention(pair, corpus, tmp_path):
-    """The attention loss's native side is the target's attention over the prefix (queries from the stored
-    hidden states, q_norm, RoPE, scaling, grouped heads, sliding window), and it is 0 for the native keys."""
-    source, target = pair
-    settings = tiny_settings()
-    cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
-    batch = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "d", log=lambda m: None).batch(
-        torch.tensor([0, 5]))
-    sink, P = sink_ids(target), settings.prefix_tokens
-    ids = torch.cat([torch.tensor([sink] * 2), batch["ids"], batch["continuation"]], dim=1)
-    implementation = target.model.config._attn_implementation
-    target.model.config._attn_implementation = "eager"
-    try:
-        with torch.no_grad():
-            attentions = target.model(input_ids=ids, output_attentions=True).attentions  # [B, Hq, T, T] per layer
-    finally:
-        target.model.config._attn_implementation = implementation
-    tables = RotaryTables(target.model)
-    kv = batch["target_kv"].float()
-    sink_keys = prefill_kv(target.model, sink, tables).keys
-    for layer in cfg.translated_layers:
-        for first, keys in ((len(sink), None), (0, sink_keys)):  # the prefix alone, or the sink and the prefix
-            expected = attentions[layer][:, :, len(sink) + P:, first: len(sink) + P]  # continuation -> them
-            expected = expected / expected.sum(-1, keepdim=True)
-            got = prefix_attention(target, [kv], batch["hidden"], layer, cfg, tables, keys)[0].exp()  # [B, Hk, G, C, *]
-            assert torch.allclose(got.flatten(1, 2), expected, atol=1e-3), layer  # stored K fp16, hidden bf16
-    assert float(attention_loss(target, kv, batch, cfg, tables)) == pytest.approx(0.0, abs=1e-6)
-    shifted = kv.clone().requires_grad_(True)
-    loss = attention_loss(target, shifted + 0.5 * torch.randn_like(kv), batch, cfg, tables)
-    loss.backward()
-    assert float(loss.detach()) > 1e-3 and shifted.grad[..., : cfg.target_kv_dim].abs().sum() > 0
-    assert shifted.grad[..., cfg.target_kv_dim:].abs().sum() == 0  # values do not enter the attention
+
 
 
 def test_continuation_nll_and_kl_to_native():
@@ -451,11 +394,10 @@ def test_a_question_answer_continuation_is_the_asks_prompt_then_the_answer(smoll
 
 
 def test_padding_of_a_question_answer_continuation_is_left_out_of_the_losses(pair, corpus, qa_file, tmp_path):
-    """Whatever the padded positions hold, the CCL (and the attention loss) read only the real tokens; over the
-    native cache both vanish, as for corpus continuations."""
+    """Whatever the padded positions hold, the CCL reads only the real tokens; over the native cache it vanishes,
+    as for corpus continuations."""
     source, target = pair
-    settings = tiny_settings(qa_data=str(qa_file), qa_fraction=1.0, qa_skip=1, continuation_tokens=24,
-                             attention_weight=1.0)
+    settings = tiny_settings(qa_data=str(qa_file), qa_fraction=1.0, qa_skip=1, continuation_tokens=24)
     cfg = TranslatorConfig.for_models("mot", source, target, **SIZES)
     data = generate_data(source, target, corpus, settings, cfg.align_mode, tmp_path / "qa", log=lambda m: None).all()
     tables = RotaryTables(target.model)
@@ -473,8 +415,6 @@ def test_padding_of_a_question_answer_continuation_is_left_out_of_the_losses(pai
         unmasked = {key: value for key, value in garbled.items() if key != "mask"}  # the garbage would count
         for got, want in zip(context_correction(target, kv, unmasked, cfg, tables), wanted):
             assert got.item() != pytest.approx(want.item(), rel=0.1)
-        assert attention_loss(target, kv, garbled, cfg, tables).item() == pytest.approx(
-            attention_loss(target, kv, data, cfg, tables).item(), rel=1e-5)
 
 
 def test_training_with_question_answer_continuations_is_recorded_and_checked(pair, corpus, qa_file, tmp_path):
@@ -712,24 +652,24 @@ def test_an_interrupted_run_resumed_ends_as_an_uninterrupted_one(pair, corpus, t
     assert resumed.card["final_losses"] == pytest.approx(straight.card["final_losses"])
 
 
-def test_fine_tuning_starts_from_the_given_checkpoint_with_the_attention_loss(pair, corpus, tmp_path, monkeypatch):
+def test_fine_tuning_starts_from_the_given_checkpoint_with_its_own_settings(pair, corpus, tmp_path, monkeypatch):
     logs = []
     first = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=10),
                              out=tmp_path / "a.safetensors", work_dir=tmp_path, log=logs.append)
     logs.clear()
     with monkeypatch.context() as patched:
         _refuse_fitting(patched)  # the checkpoint brings its own statistics and weights
-        tuned = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=0, attention_weight=1.0),
+        tuned = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=0, kv_weight=0.5),
                                  init=first, out=tmp_path / "b.safetensors", work_dir=tmp_path, log=logs.append)
     assert f"starting from {first} (10 steps)" in logs
     before, after = read_translator(first), read_translator(tuned)
     for key, value in before.net.state_dict().items():  # no step taken: the weights are the start's
         assert torch.equal(value, after.net.state_dict()[key]), key
-    assert after.card["initialised_from"]["steps"] == 10 and after.card["settings"]["attention_weight"] == 1.0
+    assert after.card["initialised_from"]["steps"] == 10 and after.card["settings"]["kv_weight"] == 0.5
     logs.clear()
-    train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=5, attention_weight=1.0),
+    train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=5, kv_weight=0.5),
                      init=first, out=tmp_path / "c.safetensors", work_dir=tmp_path, log=logs.append)
-    assert any(line.startswith("step 5/5") and " attention " in line for line in logs)
+    assert any(line.startswith("step 5/5") for line in logs)
     with pytest.raises(TranslatorError, match="not a projector translator"):
         train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=1), kind="projector",
                          init=first, out=tmp_path / "d.safetensors", work_dir=tmp_path, log=logs.append)
@@ -773,41 +713,9 @@ def test_translate_layout_and_file_round_trip(pair, tmp_path, monkeypatch, kind)
     assert cache.get_seq_length() == len(sink_ids(target)) + len(target_ids)
 
 
-def test_focused_layers_are_wider_and_survive_the_file_and_a_training_run(pair, corpus, tmp_path, monkeypatch):
-    """--focus-layers: only the named target layers get focus_scale times the width and expert hidden units; the
-    config round-trips through the checkpoint, and training resumes its own state, not an unfocused one's."""
+def test_translating_chunks_together_equals_one_at_a_time(pair):
     source, target = pair
-    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path))
-    translator = _rounded_translator(pair, "mot", focus_layers=(3,), focus_scale=2)
-    cfg = translator.net.cfg
-    for t, layer in zip(cfg.translated_layers, translator.net.layers):
-        scale = 2 if t == 3 else 1
-        assert layer.trunk[0].out_features == SIZES["width"] * scale
-        assert all(e[0].out_features == SIZES["expert_hidden"] * scale for e in layer.experts)
-    loaded = read_translator(translator.save(translator_path("tiny-src", "tiny-tgt", "mot")))
-    assert loaded.net.cfg == cfg and loaded.net.cfg.focus_layers == (3,)
-    kv, ids, offsets = source_chunk(source, TEXT)
-    assert torch.equal(loaded.translate(kv, ids, offsets, TEXT, target)[0].keys,
-                       translator.translate(kv, ids, offsets, TEXT, target)[0].keys)
-    plain = TranslatorConfig.for_models("mot", *pair, **SIZES)
-    assert _config_key(cfg, tiny_settings()) != _config_key(plain, tiny_settings())
-    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "f.safetensors", work_dir=tmp_path,
-                            settings=tiny_settings(steps=2, sizes={**SIZES, "focus_layers": (2, 5), "focus_scale": 2}),
-                            log=lambda m: None)
-    trained = read_translator(path).net
-    assert (trained.cfg.focus_layers, trained.cfg.focus_scale) == ((2, 5), 2)
-    assert [layer.trunk[0].out_features for layer in trained.layers] == [32, 64, 32, 32, 64]
-    for bad, message in (({"focus_layers": (0,)}, "focus layer 0 is not a translated layer"),
-                         ({"focus_layers": (6,)}, "focus layer 6 is not a translated layer"),
-                         ({"focus_layers": (2,), "focus_scale": 0}, "focus scale 0 must be 1 or more")):
-        with pytest.raises(TranslatorError, match=message):
-            TranslatorConfig.for_models("mot", *pair, **{**SIZES, **bad})
-
-
-@pytest.mark.parametrize("token_window", [1, 3])
-def test_translating_chunks_together_equals_one_at_a_time(pair, token_window):
-    source, target = pair
-    translator = _rounded_translator(pair, "mot", token_window=token_window)
+    translator = _rounded_translator(pair, "mot")
     for expert in (e for layer in translator.net.layers for e in layer.experts):
         torch.nn.init.normal_(expert[-1].weight, std=0.1)  # wake the experts so routing counts
     texts = [TEXT, "Short one.", " ", "Zweite Zeile: Größe 3 µm."]
@@ -820,33 +728,6 @@ def test_translating_chunks_together_equals_one_at_a_time(pair, token_window):
         assert ids == alone_ids
         torch.testing.assert_close(kv.keys, alone.keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(kv.values, alone.values, atol=1e-5, rtol=1e-5)
-
-
-def test_a_token_window_reads_the_tokens_before_it_in_its_own_chunk():
-    torch.manual_seed(0)
-    cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=3, target_layers=3, target_heads=1,
-                           target_head_dim=4, target_embed_dim=8, window=2, token_window=3, **SIZES)
-    net = TranslatorNet(cfg)
-    with torch.no_grad():
-        net.source_mean.normal_()
-        net.source_std.uniform_(0.5, 2.0)
-    source = torch.randn(1, 7, 4, 6)  # [B, T, Ls, 2Fs]: two chunks, of 4 and 3 tokens
-    starts = torch.tensor([[True, False, False, False, True, False, False]])
-    z = (source - net.source_mean) / net.source_std  # [1, T, Ls, 2Fs]
-    for layer, x in enumerate(net.source_inputs(source, starts)):
-        window = net.windows[layer]
-        assert x.shape == (7, 2 * 3 * 6)  # per source layer of the window: the token, then one and two back
-        parts = x.reshape(7, 2, 3, 6)
-        for t in range(7):
-            chunk_start = 0 if t < 4 else 4
-            for lag in range(3):
-                expected = z[0, t - lag, window] if t - lag >= chunk_start else torch.zeros(2, 6)
-                torch.testing.assert_close(parts[t, :, lag], expected)
-    alone = TranslatorNet(dataclasses.replace(cfg, token_window=1))
-    alone.load_state_dict({k: v for k, v in net.state_dict().items() if "layers." not in k}, strict=False)
-    assert torch.equal(alone.source_inputs(source)[0], z[0][:, net.windows[0]].reshape(7, -1))
-    with pytest.raises(TranslatorError, match="token window 0"):
-        TranslatorConfig.for_models("mot", _Shape(), _Shape(), token_window=0)
 
 
 class _Shape:
@@ -872,55 +753,34 @@ def test_translator_sizes_shape_the_layers_and_bad_sizes_are_refused():
     assert TranslatorNet(TranslatorConfig.for_models("projector", _Shape(), _Shape(), window=2)).windows.shape == (3, 2)
     with pytest.raises(TranslatorError, match="for --kind mot"):
         TranslatorConfig.for_models("projector", _Shape(), _Shape(), num_experts=4)
-    with pytest.raises(TranslatorError, match="for --kind mot"):
-        TranslatorConfig.for_models("projector", _Shape(), _Shape(), expert_inputs="depth")
     with pytest.raises(TranslatorError, match="a linear translator .* --width, --expert-hidden would change nothing"):
         TranslatorConfig.for_models("linear", _Shape(), _Shape(), width=12, expert_hidden=10)
-    with pytest.raises(TranslatorError, match="--focus-layers would change nothing"):
-        TranslatorConfig.for_models("linear", _Shape(), _Shape(), focus_layers=(1,), focus_scale=3)
     assert TranslatorConfig.for_models("linear", _Shape(), _Shape(), window=2).window == 2  # a window it reads
-    with pytest.raises(TranslatorError, match="unknown expert inputs 'layers'; use one of trunk, depth"):
-        TranslatorConfig.for_models("mot", _Shape(), _Shape(), expert_inputs="layers")
-    # depth experts take one source layer each: the window follows the number of experts unless given
-    assert TranslatorConfig.for_models("mot", _Shape(), _Shape(), expert_inputs="depth", num_experts=2).window == 2
-    assert TranslatorConfig.for_models("mot", _Shape(), _Shape(), expert_inputs="depth", window=3).window == 3
-    assert TranslatorConfig.for_models("mot", _Shape(), _Shape(), expert_inputs="depth", num_experts=8,
-                                       top_k=2).window == 4  # no more than the source has
 
 
-def test_training_with_a_token_window_is_recorded_and_keeps_old_state_keys(pair, corpus, tmp_path):
-    logs = []
-    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
-                            settings=tiny_settings(steps=2, sizes={**SIZES, "token_window": 2}), log=logs.append)
-    assert read_translator(path).net.cfg.token_window == 2
-    assert any(line.startswith("step 2/2") for line in logs)
-    # a resumable state saved before the token window existed keeps its key: the default window is left out
+def test_resumable_state_keys_stay_those_of_earlier_runs(pair):
+    """A training state's key hashes the config and the shaping settings, leaving out what was added later at its
+    default, so the states of earlier runs still resume."""
     cfg, settings = TranslatorConfig.for_models("mot", *pair, **SIZES), tiny_settings()
-    before = {k: v for k, v in dataclasses.asdict(cfg).items()
-              if k not in ("token_window", "expert_inputs", "focus_layers", "focus_scale")}
     shaping = {k: v for k, v in dataclasses.asdict(settings).items()
-               if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "attention_weight",
-                            "full_vocab_kl", "heldout_prefix_tokens", "heldout_seed", "qa_data", "qa_format",
-                            "qa_fraction", "qa_skip")}
-    key = hashlib.sha256(json.dumps([before, shaping], sort_keys=True).encode()).hexdigest()[:10]
+               if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "full_vocab_kl",
+                            "heldout_prefix_tokens", "heldout_seed", "qa_data", "qa_format", "qa_fraction", "qa_skip")}
+    key = hashlib.sha256(json.dumps([dataclasses.asdict(cfg), shaping], sort_keys=True).encode()).hexdigest()[:10]
     assert _config_key(cfg, settings) == key
-    assert _config_key(dataclasses.replace(cfg, token_window=2), settings) != key
-    assert _config_key(dataclasses.replace(cfg, expert_inputs="depth"), settings) != key
-    assert _config_key(dataclasses.replace(cfg, focus_layers=(2,), focus_scale=3), settings) != key
+    assert _config_key(dataclasses.replace(cfg, width=cfg.width + 1), settings) != key
+    assert _config_key(cfg, dataclasses.replace(settings, full_vocab_kl=True)) != key
 
 
-def test_training_depth_experts_is_recorded_and_they_translate_chunks_as_one(pair, corpus, tmp_path):
-    path = train_translator("tiny-src", "tiny-tgt", corpus, out=tmp_path / "t.safetensors", work_dir=tmp_path,
-                            settings=tiny_settings(steps=2, sizes={**SIZES, "expert_inputs": "depth"}), log=print)
-    translator = read_translator(path)
-    assert (translator.net.cfg.expert_inputs, translator.net.cfg.window) == ("depth", 4)
-    assert translator.card["config"]["expert_inputs"] == "depth"
-    source, target = pair
-    chunks = [(*source_chunk(source, text), text) for text in (TEXT, "Short one.")]
-    for (kv, ids), chunk in zip(translator.translate_many(chunks, target), chunks):
-        alone, alone_ids = translator.translate(*chunk, target)
-        assert ids == alone_ids
-        torch.testing.assert_close(kv.keys, alone.keys, atol=1e-5, rtol=1e-5)
+def test_a_checkpoint_of_a_removed_design_is_refused_by_name(pair, tmp_path):
+    """A checkpoint whose config holds sizes this cagkit no longer builds (a design since removed, e.g. a token
+    window) is a one-line error naming the file and the sizes, not a TypeError."""
+    path = _rounded_translator(pair, "mot").save(tmp_path / "old.safetensors")
+    with safe_open(str(path), "pt") as f:
+        metadata, tensors = f.metadata(), {key: f.get_tensor(key) for key in f.keys()}
+    metadata["config"] = json.dumps({**json.loads(metadata["config"]), "token_window": 2})
+    save_file(tensors, str(path), metadata=metadata)
+    with pytest.raises(TranslatorError, match=r"old\.safetensors has sizes this cagkit does not build \(token_window\)"):
+        read_translator(path)
 
 
 def test_translated_chunk_uses_the_aligned_source_tokens(pair):

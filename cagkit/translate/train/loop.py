@@ -36,20 +36,12 @@ def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     """A short hash of what a training state depends on, so a resume never loads an incompatible state."""
     ignored = ("steps", "threads", "checkpoint_every", "heldout_examples", "heldout_prefix_tokens", "heldout_seed")
     shaping = {k: v for k, v in asdict(settings).items() if k not in ignored}
-    for added_later in ("attention_weight", "full_vocab_kl"):  # states of runs without them keep their key
-        if not shaping[added_later]:
-            shaping.pop(added_later)
+    if not shaping["full_vocab_kl"]:  # states of runs from before it keep their key
+        shaping.pop("full_vocab_kl")
     if not shaping["qa_fraction"]:  # likewise without question-answer continuations
         for name in ("qa_data", "qa_format", "qa_fraction", "qa_skip"):
             shaping.pop(name)
-    config = asdict(cfg)
-    if config["token_window"] == 1:  # likewise for the token window, added after them
-        config.pop("token_window")
-    if config["expert_inputs"] == "trunk":  # and for what the experts read, added after that
-        config.pop("expert_inputs")
-    if not config["focus_layers"]:  # and for focused layers, added after that
-        config.pop("focus_layers"), config.pop("focus_scale")
-    return hashlib.sha256(json.dumps([config, shaping], sort_keys=True).encode()).hexdigest()[:10]
+    return hashlib.sha256(json.dumps([asdict(cfg), shaping], sort_keys=True).encode()).hexdigest()[:10]
 
 
 def _qa_tag(settings: TrainSettings) -> str:

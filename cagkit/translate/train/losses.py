@@ -4,8 +4,7 @@ KV reconstruction (MSE of the normalised K and V per translated layer) + Context
 target replays the continuation over `sink + translated prefix` and is pulled towards its native replay (KL over
 the native top logits, renormalised, or with `full_vocab_kl` over the whole vocabulary as those tokens plus one bin
 for the rest; plus the relative MSE of every layer's hidden states), with gradients only into the translator + a
-load-balancing term that keeps every expert in use; optionally the KL of the continuation's attention over the
-prefix (`attention_weight`).
+load-balancing term that keeps every expert in use.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from cagkit.config import TrainSettings
-from cagkit.kv.prefill import prefill_kv, sink_ids
+from cagkit.kv.prefill import sink_ids
 from cagkit.kv.rope import RotaryTables, apply_rope
 from cagkit.models.loading import LoadedModel
 from cagkit.translate.train.data import target_logits
@@ -103,72 +102,9 @@ def top_bins_kl(native_top: torch.Tensor, native_lse: torch.Tensor, top_ids: tor
     return kl.mean() if mask is None else (kl * mask).sum() / mask.sum()
 
 
-def attention_loss(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
-                   tables: RotaryTables) -> torch.Tensor:
-    """Mean over the translated layers (above layer 0) of KL(native || translated) of the attention that the
-    continuation's native queries give the sink and the prefix, with the native prefix keys vs the translated
-    keys `kv` (raw RoPE-free K|V [B, P, Lt, 2Ft]). The sink is the same on both sides, so the loss sees how much
-    attention goes to the context at all, not only where in it."""
-    layers = [layer for layer in cfg.translated_layers if layer > 0]  # layer 0's input is not kept in `hidden`
-    sink = sink_ids(target)
-    with torch.no_grad():
-        sink_keys = prefill_kv(target.model, sink, tables).keys.to(kv.dtype) if sink else None  # [Lt, S, Hk, D]
-    total = kv.new_zeros(())
-    mask = batch["mask"].to(kv.dtype)[:, None, None, :] if "mask" in batch else None  # [B, 1, 1, C]
-    for layer in layers:
-        native, translated = prefix_attention(target, [batch["target_kv"].to(kv.dtype), kv], batch["hidden"], layer,
-                                              cfg, tables, sink_keys)
-        kl = (native.exp() * (native - translated)).sum(-1)  # [B, Hk, G, C]
-        total = total + (kl.mean() if mask is None else (kl * mask).sum() / (mask.sum() * kl.shape[1] * kl.shape[2]))
-    return total / max(len(layers), 1)
-
-
-def prefix_attention(target: LoadedModel, kvs: list[torch.Tensor], hidden: torch.Tensor, layer: int,
-                     cfg: TranslatorConfig, tables: RotaryTables,
-                     sink_keys: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Per K|V in `kvs` (raw RoPE-free [B, P, Lt, 2Ft]), the log-attention [B, Hk, G, C, S + P] of the
-    continuation's queries in `layer` over the sink keys (RoPE-free [Lt, S, Hk, D], if given) and its prefix
-    keys, normalised over those positions. The queries, computed once, come from `hidden` [B, Lt, C, E], each
-    layer's output over the continuation (the next layer's input), at the positions the training replay uses:
-    sink, prefix, continuation. Gradients flow into the keys only."""
-    attn = target.model.get_decoder().layers[layer].self_attn
-    b, steps = kvs[0].shape[:2]
-    length = hidden.shape[2]
-    start = len(sink_ids(target))
-    heads, dim = cfg.target_heads, cfg.target_head_dim
-    dtype = kvs[0].dtype
-    with torch.no_grad():
-        x = target.model.get_decoder().layers[layer].input_layernorm(hidden[:, layer - 1].to(dtype))  # [B, C, E]
-        q = attn.q_proj(x).view(b, length, -1, dim)  # [B, C, Hq, D]
-        if getattr(attn, "q_norm", None) is not None:
-            q = attn.q_norm(q)
-        q = apply_rope(q, *tables(layer, torch.arange(start + steps, start + steps + length)))
-        q = q.view(b, length, heads, -1, dim) * attn.scaling  # [B, C, Hk, G, D]: query heads grouped by KV head
-    first = start - (sink_keys.shape[1] if sink_keys is not None else 0)  # the position of the first key
-    cos, sin = tables(layer, torch.arange(first, start + steps))
-    cap = getattr(attn, "attn_logit_softcapping", None) or getattr(attn.config, "attn_logit_softcapping", None)
-    window = getattr(attn, "sliding_window", None)
-    # a sliding-window layer: a query sees the keys less than `window` positions back
-    hidden_keys = (torch.arange(start + steps, start + steps + length)[:, None] - torch.arange(first, start + steps)
-                   >= window) if window else None  # [C, S + P]
-    out = []
-    for kv in kvs:
-        k = kv[:, :, layer, : cfg.target_kv_dim].reshape(b, steps, heads, dim)
-        if sink_keys is not None:
-            k = torch.cat([sink_keys[layer][None].expand(b, -1, -1, -1), k], dim=1)  # [B, S + P, Hk, D]
-        logits = torch.einsum("bchgd,bphd->bhgcp", q, apply_rope(k, cos, sin))
-        if cap:  # Gemma 2 style soft-capping
-            logits = torch.tanh(logits / cap) * cap
-        if hidden_keys is not None:
-            logits = logits.masked_fill(hidden_keys, -1e9)  # a row with nothing in sight stays finite
-        out.append(torch.log_softmax(logits, dim=-1))
-    return out
-
-
 def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings: TrainSettings,
                  tables: RotaryTables) -> dict[str, torch.Tensor]:
-    """The weighted training loss of one batch of examples and its parts (kv, kl, hidden, balance, and
-    attention when it is weighted)."""
+    """The weighted training loss of one batch of examples and its parts (kv, kl, hidden, balance)."""
     cfg = net.cfg
     pred, balance = net(batch["source"].float(), token_features(target.model, batch["ids"]))
     kv_loss = (pred - net.normalise_target(batch["target_kv"][:, :, cfg.native_layers:].float())).pow(2).mean()
@@ -179,8 +115,4 @@ def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings:
         kl, hidden = context_correction(target, full, batch, cfg, tables)
     loss = (settings.kv_weight * kv_loss + settings.kl_weight * kl + settings.hidden_weight * hidden
             + settings.balance_weight * balance)
-    parts = {"kv": kv_loss, "kl": kl, "hidden": hidden, "balance": balance}
-    if settings.attention_weight:
-        parts["attention"] = attention_loss(target, full, batch, cfg, tables)
-        loss = loss + settings.attention_weight * parts["attention"]
-    return {"loss": loss, **parts}
+    return {"loss": loss, "kv": kv_loss, "kl": kl, "hidden": hidden, "balance": balance}
