@@ -572,15 +572,13 @@ class LanceStore:
     def _commit_once(self, rows: list[dict], replace: list[str], paths: list[str]) -> bool:
         """One try of `commit_rows`: True when the rows are committed and read back from the latest version.
 
-        Two writers that find no table both create it, and Lance commits the second creation as an overwrite; the
-        read-back sees rows that such an overwrite dropped, and the caller merges them again."""
+        The read-back sees rows that another writer's creation of the table dropped (`_create_table`) before it
+        restored them, and the caller merges them again."""
         table = self._fresh()
         if table is None:
             if not rows:
                 return True
-            # empty, then merged into like any table
-            table = self._table = self._connect().create_table(
-                TABLE, schema=_schema(len(rows[0]["vector"])), exist_ok=True)
+            table = self._create_table(len(rows[0]["vector"]))  # empty, then merged into like any table
         if not rows:
             if replace:
                 table.delete(_in_paths(replace))
@@ -594,6 +592,31 @@ class LanceStore:
         table.checkout_latest()
         # at least the rows just merged (a document written in parts holds its earlier parts' rows too)
         return table.count_rows(_in_paths(paths)) >= len(rows)
+
+    def _create_table(self, dim: int):
+        """Create the manifest's table, or open it if another writer has.
+
+        Two writers that find no table can both create it, and Lance commits the later creation as an overwrite of
+        every version before it (both creations succeed, at versions 1 and 2 or later), which would drop the rows
+        the first writer has committed meanwhile, even after it read them back. So the writer whose creation landed
+        above version 1 puts back, from the version just before its own, every document the latest version lacks.
+        """
+        db = self._connect()
+        try:
+            table = self._table = db.create_table(TABLE, schema=_schema(dim), mode="create")
+        except ValueError as exc:
+            if "already exists" not in str(exc):
+                raise
+            table = self._table = db.open_table(TABLE)
+            return table
+        if table.version > 1:
+            before = db.open_table(TABLE)
+            before.checkout(table.version - 1)
+            present = set(self._rows(["doc_path"]).column("doc_path").to_pylist())
+            lost = [row for row in before.to_arrow().to_pylist() if row["doc_path"] not in present]
+            if lost:
+                self.commit_rows(lost)
+        return self._fresh()
 
     def _connect(self):
         if self._db is None:
@@ -831,13 +854,18 @@ def _is_commit_conflict(exc: Exception) -> bool:
 
 
 def _open_table(loc: _Location):
-    try:
-        db = _lancedb().connect(loc.lance_uri(), storage_options=loc.storage_options())
-        return db.open_table(TABLE) if TABLE in db.list_tables().tables else None
-    except StoreError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise loc.error(exc, "open") from None
+    """The manifest's table, or None before the first commit. A table that another writer is creating this moment
+    is listed before it can be opened; it is waited for, briefly."""
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            db = _lancedb().connect(loc.lance_uri(), storage_options=loc.storage_options())
+            return db.open_table(TABLE) if TABLE in db.list_tables().tables else None
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if attempt + 1 == COMMIT_ATTEMPTS or "was not found" not in str(exc):
+                raise loc.error(exc, "open") from None
+        time.sleep(0.1 * 2**attempt)
 
 
 def _read_settings(loc: _Location) -> StoreSettings | None:

@@ -206,6 +206,32 @@ def test_two_writers_at_once_on_s3_both_land(s3):
         assert found["ok"] and not found["orphans"] and not found["missing"]
 
 
+def test_a_creation_of_the_table_that_overwrote_another_writers_rows_puts_them_back(tmp_path, monkeypatch):
+    """Two writers that find no table can both create it, and Lance commits the later creation as an overwrite of
+    what is there (two threads racing: 5 times in 30). Here the second writer looked before the first created the
+    table, and its creation lands after the first committed and read back its document: that document stays."""
+    store = tmp_path / "s"
+    with Store.open_for_writing(store, settings_for("fp"), manifest="lance") as first, \
+            Store.open_for_writing(store, settings_for("fp"), manifest="lance") as second:
+        first.write_document("first", "a" * 64, *fake_chunks("one two three. four five.", seed=1))
+        db = second._connect()
+
+        class Racing:  # the creation as Lance commits it in such a race: over whatever is there
+            def __getattr__(self, name):
+                return getattr(db, name)
+
+            def create_table(self, name, **options):
+                return db.create_table(name, **{**options, "mode": "overwrite"})
+
+        second._db, second._table = Racing(), None
+        with monkeypatch.context() as patched:
+            patched.setattr(lance, "_open_table", lambda loc: None)  # it found no table
+            second.write_document("second", "b" * 64, *fake_chunks("six seven. eight nine ten.", seed=2))
+    with Store.open(store) as st:
+        assert [d.path for d in st.documents()] == ["first", "second"]
+        assert st.verify()["ok"] and len(st.chunk_ids("first")) == len(fake_chunks("one two three. four five.", 1)[0])
+
+
 def test_an_unreachable_store_is_a_one_line_error_not_a_hang(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing answers
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
