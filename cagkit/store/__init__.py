@@ -1,5 +1,6 @@
-"""The persistent store: a SQLite manifest of documents and chunks beside safetensors files of their KV, each chunk
-checked against its checksum as it is read."""
+"""The persistent store: a manifest of documents and chunks (SQLite, or LanceDB in `cagkit.store.lance`) beside
+safetensors files of their KV, each chunk checked against its checksum as it is read. `Store.open` and
+`Store.open_for_writing` open either kind."""
 
 from cagkit.store.store import (
     DamagedChunkError,
@@ -8,10 +9,11 @@ from cagkit.store.store import (
     DocumentWriter,
     Hit,
     NewChunk,
+    SQLiteStore,
     Store,
     StoredChunk,
     StoreSettings,
 )
 
-__all__ = ["DamagedChunkError", "DamagedManifestError", "Document", "DocumentWriter", "Hit", "NewChunk", "Store",
-           "StoreSettings", "StoredChunk"]
+__all__ = ["DamagedChunkError", "DamagedManifestError", "Document", "DocumentWriter", "Hit", "NewChunk", "SQLiteStore",
+           "Store", "StoreSettings", "StoredChunk"]

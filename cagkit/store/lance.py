@@ -57,6 +57,7 @@ from cagkit.store.store import (
     Document,
     Hit,
     NewChunk,
+    Store,
     StoredChunk,
     StoreSettings,
     _check_compatible,
@@ -201,7 +202,7 @@ def staging_schema():
 _DOC_COLUMNS = ["doc_path", "doc_sha", "doc_metadata", "doc_chunks", "doc_tokens", "idx", "kv_file"]
 
 
-class LanceStore:
+class LanceStore(Store):
     """A store on LanceDB (see the module's docstring). Open with `Store.open` / `Store.open_for_writing`."""
 
     kind = "lance"
@@ -293,12 +294,6 @@ class LanceStore:
         if self.writable and self._table is not None:
             self._index()
         self._table = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # -- documents -----------------------------------------------------------------------------------------
 

@@ -145,7 +145,48 @@ class DamagedChunkError(StoreError):
 
 
 class Store:
-    """A directory of stored chunk KV caches. Open with `Store.open` (read) or `Store.open_for_writing`."""
+    """A store of chunk KV caches, opened with `Store.open` (read) or `Store.open_for_writing`. Each returns one of
+    the two kinds, which answer the same methods: `SQLiteStore` (a local folder with an SQLite manifest, one
+    writer at a time) or `cagkit.store.lance.LanceStore` (a URL such as `s3://bucket/prefix`, or a local folder
+    with a LanceDB manifest; several writers at once)."""
+
+    kind: str
+
+    @staticmethod
+    def open(path: str | Path) -> "Store":
+        """Open an existing store for reading; a missing or foreign location is a StoreError."""
+        from cagkit.store import lance
+
+        return lance.LanceStore.open(path) if lance.is_lance_store(path) else SQLiteStore.open(path)
+
+    @staticmethod
+    def open_for_writing(path: str | Path, settings: StoreSettings, wait: bool = False,
+                         manifest: str = "sqlite") -> "Store":
+        """Create the store, or open it after checking it was built with the same `settings`. A URL, a local
+        LanceDB store, or a new local store with `manifest="lance"` opens a LanceDB store; a local folder otherwise
+        an SQLite one (`wait`: wait for its writer, if another process has one)."""
+        from cagkit.store import lance
+
+        if manifest not in MANIFESTS:
+            raise StoreError(f"manifest must be one of {', '.join(MANIFESTS)}, got {manifest!r}")
+        if lance.is_lance_store(path) or (manifest == "lance" and not is_store(path)):
+            return lance.LanceStore.open_for_writing(path, settings, wait=wait)
+        return SQLiteStore.open_for_writing(path, settings, wait=wait)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class SQLiteStore(Store):
+    """A local directory of stored chunk KV caches with an SQLite manifest (the module's docstring)."""
+
+    kind = "sqlite"
 
     def __init__(self, path: Path, conn: sqlite3.Connection, settings: StoreSettings):
         self.path = path
@@ -159,13 +200,8 @@ class Store:
     # -- opening -------------------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | Path) -> "Store":
-        """Open an existing store for reading; a missing or foreign directory is a StoreError. A URL
-        (`s3://bucket/prefix`) or a local folder holding a LanceDB store opens a `cagkit.store.lance.LanceStore`."""
-        from cagkit.store import lance
-
-        if lance.is_lance_store(path):
-            return lance.LanceStore.open(path)
+    def open(cls, path: str | Path) -> "SQLiteStore":
+        """Open an existing store for reading; a missing or foreign directory is a StoreError."""
         path = Path(path)
         manifest = path / "manifest.sqlite"
         if path.exists() and not path.is_dir():
@@ -180,21 +216,12 @@ class Store:
         return cls(path, conn, settings)
 
     @classmethod
-    def open_for_writing(cls, path: str | Path, settings: StoreSettings, wait: bool = False,
-                         manifest: str = "sqlite") -> "Store":
+    def open_for_writing(cls, path: str | Path, settings: StoreSettings, wait: bool = False) -> "SQLiteStore":
         """Create the store, or open it after checking it was built with the same `settings`. While another
         process writes it: a `StoreError`, or with `wait` a wait until that process is done.
 
         A folder that is neither a store (it has no manifest) nor new or empty is refused: cagkit writes only into
-        folders that are its own. A URL, a local LanceDB store, or a new local store with `manifest="lance"`
-        opens a `cagkit.store.lance.LanceStore` (several writers at once, no lock)."""
-        from cagkit.store import lance
-
-        if manifest not in MANIFESTS:
-            raise StoreError(f"manifest must be one of {', '.join(MANIFESTS)}, got {manifest!r}")
-        fresh = not is_store(path)
-        if lance.is_lance_store(path) or (manifest == "lance" and fresh):
-            return lance.LanceStore.open_for_writing(path, settings, wait=wait)
+        folders that are its own."""
         path = Path(path)
         _check_store_folder(path)
         try:
@@ -235,12 +262,6 @@ class Store:
         self._conn.close()
         if self._lock is not None:
             self._lock.close()  # releases the writer's lock
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # -- documents -----------------------------------------------------------------------------------------
 
