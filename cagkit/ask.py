@@ -34,7 +34,7 @@ from cagkit.models.device import synchronize
 from cagkit.models.loading import LoadedModel, load_model
 from cagkit.retrieval.rank import check_retrieval
 from cagkit.retrieval.search import retrieve
-from cagkit.store.store import DamagedChunkError, Hit, Store, StoredChunk
+from cagkit.store.store import ChunkGoneError, DamagedChunkError, Hit, Store, StoredChunk
 
 
 @dataclass
@@ -49,7 +49,8 @@ class Answer:
     context_tokens: int = 0
     placement: dict = field(default_factory=dict)  # the ask-time options that shaped the context; {} for native
     retrieval: str | None = None  # how `ask` ranked the chunks (`cagkit.retrieval`); None when they were given
-    # retrieved chunks left out because their stored KV is damaged ({"document", "chunk", "error"} each)
+    # retrieved chunks left out: their stored KV is damaged, or their document was replaced since the search
+    # ({"document", "chunk", "reason": "damaged" or "replaced", "error"} each)
     skipped: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -218,15 +219,19 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
 
 def load_chunks(store: Store, hits: list[Hit]) -> tuple[list[StoredChunk], list[dict]]:
     """The stored chunks of `hits`, text and source KV, in the order given, each checked against its checksum as
-    it is read, and the damaged ones left out ({"document", "chunk", "error"} each, for the answer's `skipped`);
-    when every chunk is damaged, the first one's `DamagedChunkError` (it names the fix) is raised."""
+    it is read. Left out, for the answer's `skipped` ({"document", "chunk", "reason", "error"} each): the damaged
+    ones (reason `damaged`) and those whose document another writer replaced or removed since the search
+    (`replaced`). When every chunk is left out, the first one's error (it names the fix) is raised."""
     chunks, skipped, first = [], [], None
     for h in hits:
         try:
             chunks.append(store.load_chunk(h.chunk_id))
         except DamagedChunkError as exc:
             first = first or exc
-            skipped.append({"document": exc.doc_path, "chunk": exc.idx, "error": str(exc)})
+            skipped.append({"document": exc.doc_path, "chunk": exc.idx, "reason": "damaged", "error": str(exc)})
+        except ChunkGoneError as exc:
+            first = first or exc
+            skipped.append({"document": h.doc_path, "chunk": h.idx, "reason": "replaced", "error": str(exc)})
     if first is not None and not chunks:
         raise first
     return chunks, skipped

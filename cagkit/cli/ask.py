@@ -40,8 +40,11 @@ def run(args) -> int:
                  max_new_tokens=args.max_new_tokens, on_text=stream, recompute_layers=args.recompute_layers,
                  blend=args.blend, blend_select=args.blend_select, device=args.device, retrieval=args.retrieval)
     for skipped in result.skipped:
-        print(f"warning: skipped chunk {skipped['chunk']} of {skipped['document']}: its stored KV is damaged; run "
-              f"`cagkit store repair --store {args.store}`", file=sys.stderr, flush=True)
+        why = ("its document was replaced or removed while this question was answered; ask again for its new text"
+               if skipped["reason"] == "replaced" else
+               f"its stored KV is damaged; run `cagkit store repair --store {args.store}`")
+        print(f"warning: skipped chunk {skipped['chunk']} of {skipped['document']}: {why}", file=sys.stderr,
+              flush=True)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0

@@ -3,6 +3,7 @@ safetensors files of their KV, each chunk checked against its checksum as it is 
 `Store.open_for_writing` open either kind."""
 
 from cagkit.store.store import (
+    ChunkGoneError,
     DamagedChunkError,
     DamagedManifestError,
     Document,
@@ -15,5 +16,5 @@ from cagkit.store.store import (
     StoreSettings,
 )
 
-__all__ = ["DamagedChunkError", "DamagedManifestError", "Document", "DocumentWriter", "Hit", "NewChunk", "SQLiteStore",
+__all__ = ["ChunkGoneError", "DamagedChunkError", "DamagedManifestError", "Document", "DocumentWriter", "Hit", "NewChunk", "SQLiteStore",
            "Store", "StoreSettings", "StoredChunk"]

@@ -61,6 +61,7 @@ from cagkit.store.store import (
     StoredChunk,
     StoreSettings,
     _check_compatible,
+    _gone,
     chunk_problems,
     chunk_tensors,
     read_chunk,
@@ -514,7 +515,7 @@ class LanceStore(Store):
     def load_chunk(self, chunk_id: int) -> StoredChunk:
         rows = self._rows(["doc_path", "kv_file", "idx", "text", "checksum"], f"chunk_id = {int(chunk_id)}")
         if rows.num_rows == 0:
-            raise StoreError(f"chunk {chunk_id} is not in store {self.path}")
+            raise _gone(chunk_id, self.path)
         row = rows.to_pylist()[0]
         file = self._loc.path("kv", row["kv_file"])
         return read_chunk(lambda: KVFile(file, self._fs), file, self.path, chunk_id, row["doc_path"], row["idx"],

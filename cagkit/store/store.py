@@ -135,6 +135,10 @@ class DamagedManifestError(StoreError):
     """A store whose manifest SQLite cannot read."""
 
 
+class ChunkGoneError(StoreError):
+    """A chunk a search returned whose document another writer replaced or removed before the chunk was read."""
+
+
 class DamagedChunkError(StoreError):
     """A stored chunk whose KV file is missing, does not parse, or does not match the checksum recorded for it."""
 
@@ -441,7 +445,7 @@ class SQLiteStore(Store):
             "WHERE c.id = ?", (chunk_id,),
         ).fetchone()
         if row is None:
-            raise StoreError(f"chunk {chunk_id} is not in store {self.path}")
+            raise _gone(chunk_id, self.path)
         doc_path, kv_file, idx, text, checksum = row
         return read_chunk(lambda: KVFile(self.path / "kv" / (kv_file or "")), self.path / "kv" / (kv_file or ""),
                           self.path, chunk_id, doc_path, idx, text, checksum if kv_file is not None else None)
@@ -492,6 +496,11 @@ class SQLiteStore(Store):
                     raise _write_error(self.path, exc) from None
                 removed.append(file.name)
         return removed
+
+
+def _gone(chunk_id: int, store) -> ChunkGoneError:
+    return ChunkGoneError(f"chunk {chunk_id} is not in store {store}: its document was replaced or removed after the "
+                          f"search that found it; ask again")
 
 
 class DocumentWriter:
