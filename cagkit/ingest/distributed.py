@@ -1,8 +1,11 @@
 """`cagkit ingest --ray`: the same ingest on a Ray cluster, into a LanceDB store (a URL, or a local folder).
 
     driver        opens the store (its settings, what it already holds), lists the files
-    Ray Data      reads each file and hashes its text (tasks); unchanged documents stop here
-    actor pool    each actor loads the source model and the embedder once, chunks a document, and for each part
+    Ray Data      reads each file and hashes its text (tasks); unchanged documents stop here, and what became of
+                  every file (new, unchanged, unreadable) is known before any prefill starts
+    actor pool    each actor loads the source model and the embedder once, reads a new document (its hash is
+                  taken again from the text it reads, so the stored hash is always that of the stored
+                  text), chunks it, and for each part
                   of `PART_TOKENS` tokens writes its KV file to the store (named by content, so a part written by
                   an earlier, interrupted run is found and not prefilled again) and returns the part's rows
     lance-ray     writes the rows, from the actors' blocks, to a staging table of this run beside the manifest
@@ -86,15 +89,17 @@ def ingest_ray(
                 data_context.enable_progress_bars = progress
                 data_context.print_on_execution_start = progress
                 read = ray.data.from_items([{"path": f} for f in files], override_num_blocks=min(len(files), 64))
-                texts = read.map(_read_and_hash, fn_kwargs={"unchanged": unchanged}, num_cpus=0.25)
-                rows = texts.filter(expr=col("status") == "new").map_batches(
-                    _Prefiller, fn_constructor_kwargs={"store": str(st.path), "source": source,
-                                                       "settings": settings, "device": device},
-                    batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
-                    num_gpus=_gpus_per_actor(ray), batch_format="pyarrow")
-                lance_ray.write_lance(rows, st.staging_uri(staging), schema=lance.staging_schema(),
-                                      mode="create", storage_options=st.storage_options())
-                statuses = texts.select_columns(["path", "status", "reason"]).take_all()
+                # one small row per file, kept: the statuses are read from it, and the prefill only reads the new
+                checked = read.map(_check, fn_kwargs={"unchanged": unchanged}, num_cpus=0.25).materialize()
+                statuses = checked.take_all()
+                if any(row["status"] == "new" for row in statuses):
+                    rows = checked.filter(expr=col("status") == "new").map_batches(
+                        _Prefiller, fn_constructor_kwargs={"store": str(st.path), "source": source,
+                                                           "settings": settings, "device": device},
+                        batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
+                        num_gpus=_gpus_per_actor(ray), batch_format="pyarrow")
+                    lance_ray.write_lance(rows, st.staging_uri(staging), schema=lance.staging_schema(),
+                                          mode="create", storage_options=st.storage_options())
             finally:
                 if context is not None:
                     ray.shutdown()
@@ -129,16 +134,19 @@ def _gpus_per_actor(ray) -> float:
     return 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
 
 
-def _read_and_hash(row: dict, unchanged: dict[str, str]) -> dict:
-    """A file's text and content hash; `status` is `unchanged`, `failed` (with the reason) or `new`."""
+def _check(row: dict, unchanged: dict[str, str]) -> dict:
+    """What becomes of a file: `status` `unchanged` (its text hashes as stored), `failed` (with the reason) or
+    `new`. The text is not kept: the actor that prefills a new document reads it again."""
     path = row["path"]
     try:
-        text = read_document(Path(path))
+        sha = _sha(read_document(Path(path)))
     except DocumentError as exc:
-        return {"path": path, "text": "", "sha": "", "status": "failed", "reason": str(exc)}
-    sha = hashlib.sha256(text.encode()).hexdigest()
-    status = "unchanged" if unchanged.get(path) == sha else "new"
-    return {"path": path, "text": text if status == "new" else "", "sha": sha, "status": status, "reason": ""}
+        return {"path": path, "status": "failed", "reason": str(exc)}
+    return {"path": path, "status": "unchanged" if unchanged.get(path) == sha else "new", "reason": ""}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class _Prefiller:
@@ -166,8 +174,13 @@ class _Prefiller:
         from cagkit.store import lance
 
         out = []
-        for path, text, sha in zip(batch.column("path").to_pylist(), batch.column("text").to_pylist(),
-                                   batch.column("sha").to_pylist()):
+        for path in batch.column("path").to_pylist():
+            try:
+                text = read_document(Path(path))
+            except DocumentError as exc:  # gone or changed into something unreadable since it was checked
+                warnings.warn(str(exc), SkippedDocumentWarning, stacklevel=2)
+                continue
+            sha = _sha(text)
             chunks = chunk_text(text, self.lm.count_tokens, self.settings.chunk_tokens,
                                 token_ends=_token_ends(self.lm))
             counts = [self.lm.count_tokens(c.text) for c in chunks]
