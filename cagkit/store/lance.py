@@ -600,8 +600,8 @@ class LanceStore(Store):
         db = self._connect()
         try:
             table = self._table = db.create_table(TABLE, schema=_schema(dim), mode="create")
-        except ValueError as exc:
-            if "already exists" not in str(exc):
+        except Exception as exc:  # noqa: BLE001 - LanceDB says so in a ValueError, Lance in other errors
+            if "already exists" not in str(exc).lower():
                 raise
             table = self._table = db.open_table(TABLE)
             return table
