@@ -180,7 +180,7 @@ class ContextCache:
     mode: str  # the mode used: "reuse" when the target is the store's source model
     repair_s: float = 0.0  # the repair's part of `translate_s`
     placement: dict = field(default_factory=dict)  # the options that shaped it (`ContextSource.settings`)
-    skipped: list[dict] = field(default_factory=list)  # chunks left out as damaged (`load_chunks`)
+    skipped: list[dict] = field(default_factory=list)  # chunks left out as damaged or replaced (`load_chunks`)
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
@@ -225,7 +225,12 @@ def load_chunks(store: Store, hits: list[Hit]) -> tuple[list[StoredChunk], list[
     chunks, skipped, first = [], [], None
     for h in hits:
         try:
-            chunks.append(store.load_chunk(h.chunk_id))
+            chunk = store.load_chunk(h.chunk_id)
+            if (chunk.doc_path, chunk.idx, chunk.text) != (h.doc_path, h.idx, h.text):  # the id given to a new row
+                raise ChunkGoneError(f"chunk {h.chunk_id} of store {store.path} is no longer chunk {h.idx} of "
+                                     f"{h.doc_path} as found: its document was replaced or removed since; "
+                                     f"try again")
+            chunks.append(chunk)
         except DamagedChunkError as exc:
             first = first or exc
             skipped.append({"document": exc.doc_path, "chunk": exc.idx, "reason": "damaged", "error": str(exc)})

@@ -114,6 +114,13 @@ def ingest_ray(
                 (report.updated if path in known else report.added).append(path)
                 report.chunks += chunks
                 report.tokens += tokens
+            stored = {path for path, _, _ in committed}
+            for row in statuses:  # checked as new, but the actor found it unreadable (its warning stays in Ray's log)
+                if row["status"] == "new" and row["path"] not in stored:
+                    reason = (f"{row['path']}: could not be read when its prefill began (changed or removed since it "
+                              f"was checked); run the ingest again")
+                    warnings.warn(reason, SkippedDocumentWarning, stacklevel=2)
+                    report.failed.append((row["path"], reason))
         if prune:
             for doc in st.documents():
                 if not _still_there(doc.path):

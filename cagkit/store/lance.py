@@ -595,7 +595,8 @@ class LanceStore(Store):
         Two writers that find no table can both create it, and Lance commits the later creation as an overwrite of
         every version before it (both creations succeed, at versions 1 and 2 or later), which would drop the rows
         the first writer has committed meanwhile, even after it read them back. So the writer whose creation landed
-        above version 1 puts back, from the version just before its own, every document the latest version lacks.
+        above version 1 puts back, from the version just before its own, every document the latest version lacks
+        (a document another writer removed in the instant between the two would come back too).
         """
         db = self._connect()
         try:
@@ -603,7 +604,9 @@ class LanceStore(Store):
         except Exception as exc:  # noqa: BLE001 - LanceDB says so in a ValueError, Lance in other errors
             if "already exists" not in str(exc).lower():
                 raise
-            table = self._table = db.open_table(TABLE)
+            table = self._table = _open_table(self._loc)  # waits while the other writer's creation lands
+            if table is None:
+                raise
             return table
         if table.version > 1:
             before = db.open_table(TABLE)

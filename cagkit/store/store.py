@@ -447,8 +447,15 @@ class SQLiteStore(Store):
         if row is None:
             raise _gone(chunk_id, self.path)
         doc_path, kv_file, idx, text, checksum = row
-        return read_chunk(lambda: KVFile(self.path / "kv" / (kv_file or "")), self.path / "kv" / (kv_file or ""),
-                          self.path, chunk_id, doc_path, idx, text, checksum if kv_file is not None else None)
+        try:
+            return read_chunk(lambda: KVFile(self.path / "kv" / (kv_file or "")), self.path / "kv" / (kv_file or ""),
+                              self.path, chunk_id, doc_path, idx, text, checksum if kv_file is not None else None)
+        except DamagedChunkError:
+            # a writer that replaced the document since the row was read deletes its old files: not damage
+            now = self._conn.execute("SELECT kv_file FROM chunks WHERE id = ?", (chunk_id,)).fetchone()
+            if now is None or now[0] != kv_file:
+                raise _gone(chunk_id, self.path) from None
+            raise
 
     # -- housekeeping --------------------------------------------------------------------------------------
 
@@ -499,8 +506,8 @@ class SQLiteStore(Store):
 
 
 def _gone(chunk_id: int, store) -> ChunkGoneError:
-    return ChunkGoneError(f"chunk {chunk_id} is not in store {store}: its document was replaced or removed after the "
-                          f"search that found it; ask again")
+    return ChunkGoneError(f"chunk {chunk_id} is not in store {store}: its document was replaced or removed since the "
+                          f"chunk was found; try again")
 
 
 class DocumentWriter:

@@ -44,6 +44,8 @@ from cagkit.translate.alignment import align
 from cagkit.translate.cards import read_card, train_command, translator_path, write_card
 
 FORMAT_VERSION = 1
+# sizes of designs that lost and were removed (docs/translators.md), each at the value that left it unused
+_REMOVED_SIZES = {"token_window": 1, "expert_inputs": "trunk", "focus_layers": [], "focus_scale": 1}
 
 
 @dataclass
@@ -412,9 +414,12 @@ def read_translator(path: Path) -> Translator:
             f"{FORMAT_VERSION}; retrain it with `cagkit translators train`"
         )
     config = json.loads(meta["config"])
+    for name, unused in _REMOVED_SIZES.items():  # recorded by checkpoints saved while they existed
+        if config.get(name, unused) == unused or (name == "focus_scale" and not config.get("focus_layers")):
+            config.pop(name, None)
     if unknown := sorted(set(config) - {field.name for field in fields(TranslatorConfig)}):
-        raise TranslatorError(f"translator {path} has sizes this cagkit does not build ({', '.join(unknown)}): it "
-                              f"was trained with a design since removed (docs/translators.md); retrain it with "
+        raise TranslatorError(f"translator {path} was trained with a design since removed ({', '.join(unknown)}; "
+                              f"docs/translators.md says which commit last had it); retrain it with "
                               f"`cagkit translators train`")
     with torch.device("meta"):  # no random initialisation of weights the checkpoint replaces at once
         net = TranslatorNet(TranslatorConfig(**config))

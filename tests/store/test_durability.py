@@ -137,10 +137,13 @@ def test_changed_tensor_bytes_are_found_named_and_rebuilt(tiny_llama, dup, tmp_p
 
 
 @pytest.mark.parametrize("manifest", ["sqlite", "lance"])
-def test_a_chunk_whose_document_was_replaced_after_the_search_is_skipped_with_the_reason(tmp_path, manifest):
+@pytest.mark.parametrize("replaced", ["a", "b"])
+def test_a_chunk_whose_document_was_replaced_after_the_search_is_skipped_with_the_reason(tmp_path, manifest,
+                                                                                           replaced):
     """A writer that replaces a document between a reader's search and its reading of the chunks (a background
     ingest of `cagkit serve`) leaves that document's hits unreadable: they are skipped as `replaced`, the others
-    answer, and when none is left the error says to ask again."""
+    answer, and when none is left the error says to try again. Replacing the last document written ("b") gives
+    its new rows the old ids in SQLite: they are told apart by what they hold."""
     if manifest == "lance":
         pytest.importorskip("lancedb")
     from s3server import fake_chunks, settings_for
@@ -152,17 +155,43 @@ def test_a_chunk_whose_document_was_replaced_after_the_search_is_skipped_with_th
     with Store.open_for_writing(store, settings_for("fp"), manifest=manifest) as st:
         st.write_document("a", "a" * 64, *fake_chunks("one two three. four five.", seed=1))
         st.write_document("b", "b" * 64, *fake_chunks("six seven. eight nine.", seed=2))
+    kept = "b" if replaced == "a" else "a"
     with Store.open(store) as reader:
         hits = reader.search(np.full(8, 8 ** -0.5, dtype=np.float32), top_k=4)
         assert {h.doc_path for h in hits} == {"a", "b"}
         with Store.open_for_writing(store, settings_for("fp")) as writer:
-            writer.write_document("a", "c" * 64, *fake_chunks("one two three, again. four five.", seed=3))
+            writer.write_document(replaced, "c" * 64, *fake_chunks("ten, again. eleven twelve.", seed=3))
         chunks, skipped = load_chunks(reader, hits)
-        assert [c.doc_path for c in chunks] == [h.doc_path for h in hits if h.doc_path == "b"]
+        assert [(c.doc_path, c.idx) for c in chunks] == [(h.doc_path, h.idx) for h in hits if h.doc_path == kept]
         assert sorted((s["document"], s["chunk"], s["reason"]) for s in skipped) == \
-            sorted(("a", h.idx, "replaced") for h in hits if h.doc_path == "a")
-        with pytest.raises(ChunkGoneError, match="replaced or removed after the search that found it; ask again"):
-            load_chunks(reader, [h for h in hits if h.doc_path == "a"])
+            sorted((replaced, h.idx, "replaced") for h in hits if h.doc_path == replaced)
+        with pytest.raises(ChunkGoneError, match="replaced or removed since.*; try again"):
+            load_chunks(reader, [h for h in hits if h.doc_path == replaced])
+
+
+def test_a_chunk_whose_file_a_writer_deleted_while_it_was_read_is_replaced_not_damaged(tmp_path, monkeypatch):
+    """SQLite: a writer that replaces a document deletes its old KV files at once; a reader that had read a chunk's
+    row just before finds the file gone, which is a replaced chunk (try again), not damage (repair the store)."""
+    from s3server import fake_chunks, settings_for
+
+    from cagkit.store import ChunkGoneError
+
+    store_module = importlib.import_module("cagkit.store.store")
+    store = tmp_path / "s"
+    with Store.open_for_writing(store, settings_for("fp")) as st:
+        st.write_document("a", "a" * 64, *fake_chunks("one two three. four five.", seed=1))
+    read_chunk = store_module.read_chunk
+
+    def replaced_meanwhile(*args, **kwargs):
+        with Store.open_for_writing(store, settings_for("fp")) as writer:
+            writer.write_document("a", "c" * 64, *fake_chunks("ten, again. eleven twelve.", seed=3))
+        return read_chunk(*args, **kwargs)
+
+    with Store.open(store) as reader:
+        first = reader.chunk_ids("a")[0]
+        monkeypatch.setattr(store_module, "read_chunk", replaced_meanwhile)
+        with pytest.raises(ChunkGoneError, match=f"chunk {first} is not in store"):
+            reader.load_chunk(first)
 
 
 def test_ask_answers_from_the_undamaged_chunks_and_names_the_skipped(tiny_llama, dup, tmp_path, capsys):

@@ -7,7 +7,6 @@ two RoPE bases) with the real Gemma tokenizer, so alignment between two differen
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 
@@ -758,29 +757,34 @@ def test_translator_sizes_shape_the_layers_and_bad_sizes_are_refused():
     assert TranslatorConfig.for_models("linear", _Shape(), _Shape(), window=2).window == 2  # a window it reads
 
 
-def test_resumable_state_keys_stay_those_of_earlier_runs(pair):
-    """A training state's key hashes the config and the shaping settings, leaving out what was added later at its
-    default, so the states of earlier runs still resume."""
-    cfg, settings = TranslatorConfig.for_models("mot", *pair, **SIZES), tiny_settings()
-    shaping = {k: v for k, v in dataclasses.asdict(settings).items()
-               if k not in ("steps", "threads", "checkpoint_every", "heldout_examples", "full_vocab_kl",
-                            "heldout_prefix_tokens", "heldout_seed", "qa_data", "qa_format", "qa_fraction", "qa_skip")}
-    key = hashlib.sha256(json.dumps([dataclasses.asdict(cfg), shaping], sort_keys=True).encode()).hexdigest()[:10]
-    assert _config_key(cfg, settings) == key
-    assert _config_key(dataclasses.replace(cfg, width=cfg.width + 1), settings) != key
-    assert _config_key(cfg, dataclasses.replace(settings, full_vocab_kl=True)) != key
+def test_resumable_state_keys_stay_those_of_earlier_runs():
+    """A training state's key is what earlier versions computed for the same run (the keys below are those of
+    e9a2574, the last commit with the removed designs), so their states still resume; what shapes a run changes it."""
+    cfg = TranslatorConfig(kind="mot", source_layers=4, source_kv_dim=8, target_layers=6, target_heads=2,
+                           target_head_dim=4, target_embed_dim=16)
+    assert _config_key(cfg, TrainSettings()) == "3a33fcdcd0"
+    assert _config_key(cfg, TrainSettings(qa_data="q.json", qa_fraction=0.5)) == "aaee071d91"
+    assert _config_key(dataclasses.replace(cfg, width=cfg.width + 1), TrainSettings()) != "3a33fcdcd0"
+    assert _config_key(cfg, TrainSettings(full_vocab_kl=True)) != "3a33fcdcd0"
 
 
 def test_a_checkpoint_of_a_removed_design_is_refused_by_name(pair, tmp_path):
-    """A checkpoint whose config holds sizes this cagkit no longer builds (a design since removed, e.g. a token
-    window) is a one-line error naming the file and the sizes, not a TypeError."""
-    path = _rounded_translator(pair, "mot").save(tmp_path / "old.safetensors")
+    """A checkpoint that used a design since removed (e.g. a token window of 2) is a one-line error naming the file
+    and the sizes, not a TypeError; one that recorded the removed sizes at their defaults (every checkpoint saved
+    while they existed) loads as the design it is."""
+    translator = _rounded_translator(pair, "mot")
+    path = translator.save(tmp_path / "old.safetensors")
     with safe_open(str(path), "pt") as f:
         metadata, tensors = f.metadata(), {key: f.get_tensor(key) for key in f.keys()}
-    metadata["config"] = json.dumps({**json.loads(metadata["config"]), "token_window": 2})
-    save_file(tensors, str(path), metadata=metadata)
-    with pytest.raises(TranslatorError, match=r"old\.safetensors has sizes this cagkit does not build \(token_window\)"):
-        read_translator(path)
+    config = json.loads(metadata["config"])
+    unused = {"token_window": 1, "expert_inputs": "trunk", "focus_layers": [], "focus_scale": 1}
+    save_file(tensors, str(path), metadata={**metadata, "config": json.dumps({**config, **unused})})
+    assert read_translator(path).net.cfg == translator.net.cfg
+    for used in ({"token_window": 2}, {"expert_inputs": "depth"}, {"focus_layers": [3], "focus_scale": 3}):
+        save_file(tensors, str(path), metadata={**metadata, "config": json.dumps({**config, **unused, **used})})
+        with pytest.raises(TranslatorError, match=rf"old\.safetensors was trained with a design since removed "
+                                                  rf"\({', '.join(sorted(used))};"):
+            read_translator(path)
 
 
 def test_translated_chunk_uses_the_aligned_source_tokens(pair):
