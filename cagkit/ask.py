@@ -223,20 +223,17 @@ def load_chunks(store: Store, hits: list[Hit]) -> tuple[list[StoredChunk], list[
     ones (reason `damaged`) and those whose document another writer replaced or removed since the search
     (`replaced`). When every chunk is left out, the first one's error (it names the fix) is raised."""
     chunks, skipped, first = [], [], None
-    for h in hits:
-        try:
-            chunk = store.load_chunk(h.chunk_id)
-            if (chunk.doc_path, chunk.idx, chunk.text) != (h.doc_path, h.idx, h.text):  # the id given to a new row
-                raise ChunkGoneError(f"chunk {h.chunk_id} of store {store.path} is no longer chunk {h.idx} of "
-                                     f"{h.doc_path} as found: its document was replaced or removed since; "
-                                     f"try again")
+    for h, chunk in zip(hits, store.load_chunks([h.chunk_id for h in hits])):
+        if isinstance(chunk, StoredChunk) and (chunk.doc_path, chunk.idx, chunk.text) != (h.doc_path, h.idx, h.text):
+            chunk = ChunkGoneError(f"chunk {h.chunk_id} of store {store.path} is no longer chunk {h.idx} of "
+                                   f"{h.doc_path} as found (its id went to a new row): its document was replaced or "
+                                   f"removed since; try again")
+        if isinstance(chunk, StoredChunk):
             chunks.append(chunk)
-        except DamagedChunkError as exc:
-            first = first or exc
-            skipped.append({"document": exc.doc_path, "chunk": exc.idx, "reason": "damaged", "error": str(exc)})
-        except ChunkGoneError as exc:
-            first = first or exc
-            skipped.append({"document": h.doc_path, "chunk": h.idx, "reason": "replaced", "error": str(exc)})
+            continue
+        first = first or chunk
+        reason = "damaged" if isinstance(chunk, DamagedChunkError) else "replaced"
+        skipped.append({"document": h.doc_path, "chunk": h.idx, "reason": reason, "error": str(chunk)})
     if first is not None and not chunks:
         raise first
     return chunks, skipped

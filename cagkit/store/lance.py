@@ -42,6 +42,7 @@ import os
 import re
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -54,6 +55,7 @@ from cagkit.store.kvfile import KVFile, chunk_checksums
 from cagkit.store.store import (
     _CHUNK_TENSORS,
     FORMAT_VERSION,
+    DamagedChunkError,
     Document,
     Hit,
     NewChunk,
@@ -75,6 +77,7 @@ NPROBES, REFINE_FACTOR = 20, 50  # recall@10 0.99 at 1M synthetic chunks (docs/s
 CANDIDATES = 100  # each ranking's list, fused by reciprocal rank: at least this many, or 10 x top_k
 ORPHAN_GRACE_S = 3600.0
 COMMIT_ATTEMPTS = 5  # a manifest commit that loses a race with another writer's is merged again, this many tries in all
+PARALLEL_READS = 16  # KV files a question's chunks read at once
 REMOTE_TIMEOUT_S = 30
 REMOTE_RETRIES = 3
 STAGING_PREFIX = "ingest-"  # tables `cagkit ingest --ray` stages rows in: ingest-<unix time>-<random>
@@ -513,13 +516,36 @@ class LanceStore(Store):
         return [r["chunk_id"] for r in sorted(rows, key=lambda r: r["idx"])]
 
     def load_chunk(self, chunk_id: int) -> StoredChunk:
-        rows = self._rows(["doc_path", "kv_file", "idx", "text", "checksum"], f"chunk_id = {int(chunk_id)}")
-        if rows.num_rows == 0:
-            raise _gone(chunk_id, self.path)
-        row = rows.to_pylist()[0]
-        file = self._loc.path("kv", row["kv_file"])
-        return read_chunk(lambda: KVFile(file, self._fs), file, self.path, chunk_id, row["doc_path"], row["idx"],
-                          row["text"], row["checksum"])
+        result = self.load_chunks([chunk_id])[0]
+        if isinstance(result, StoreError):
+            raise result
+        return result
+
+    def load_chunks(self, chunk_ids: list[int]) -> list[StoredChunk | StoreError]:
+        """`Store.load_chunks` from one version of the manifest (one query), the KV files read side by side: on
+        object storage each read is a request, and a question's chunks would otherwise wait for each other."""
+        ids = [int(i) for i in chunk_ids]
+        if not ids:
+            return []
+        rows = self._rows(["chunk_id", "doc_path", "kv_file", "idx", "text", "checksum"],
+                          f"chunk_id IN ({', '.join(map(str, sorted(set(ids))))})")
+        by_id = {row["chunk_id"]: row for row in rows.to_pylist()}
+
+        def read(chunk_id: int) -> StoredChunk | StoreError:
+            row = by_id.get(chunk_id)
+            if row is None:
+                return _gone(chunk_id, self.path)
+            file = self._loc.path("kv", row["kv_file"])
+            try:
+                return read_chunk(lambda: KVFile(file, self._fs), file, self.path, chunk_id, row["doc_path"],
+                                  row["idx"], row["text"], row["checksum"])
+            except DamagedChunkError as exc:
+                return exc
+
+        if len(ids) == 1:
+            return [read(ids[0])]
+        with ThreadPoolExecutor(max_workers=min(len(ids), PARALLEL_READS)) as pool:
+            return list(pool.map(read, ids))
 
     # -- writing -------------------------------------------------------------------------------------------
 

@@ -186,6 +186,20 @@ class Store:
     def close(self) -> None:
         raise NotImplementedError
 
+    def load_chunk(self, chunk_id: int) -> StoredChunk:
+        raise NotImplementedError
+
+    def load_chunks(self, chunk_ids: list[int]) -> list[StoredChunk | StoreError]:
+        """`load_chunk` of each id, in order, with the error in place of a chunk that cannot be read (a
+        `DamagedChunkError`, or a `ChunkGoneError` when its document was replaced since the id was found)."""
+        out: list[StoredChunk | StoreError] = []
+        for chunk_id in chunk_ids:
+            try:
+                out.append(self.load_chunk(chunk_id))
+            except (DamagedChunkError, ChunkGoneError) as exc:
+                out.append(exc)
+        return out
+
 
 class SQLiteStore(Store):
     """A local directory of stored chunk KV caches with an SQLite manifest (the module's docstring)."""

@@ -232,6 +232,31 @@ def test_a_creation_of_the_table_that_overwrote_another_writers_rows_puts_them_b
         assert st.verify()["ok"] and len(st.chunk_ids("first")) == len(fake_chunks("one two three. four five.", 1)[0])
 
 
+@pytest.mark.parametrize("manifest", ["sqlite", "lance"])
+def test_load_chunks_keeps_the_order_and_puts_each_error_in_its_place(tmp_path, manifest):
+    """`load_chunks` (one manifest query and the files side by side, for LanceDB) returns what `load_chunk` returns
+    for each id, in the order given, with a damaged chunk's or a gone chunk's error in place of the chunk."""
+    from cagkit.store import ChunkGoneError, DamagedChunkError
+
+    store = tmp_path / "s"
+    with Store.open_for_writing(store, settings_for("fp"), manifest=manifest) as st:
+        st.write_document("a", "a" * 64, *fake_chunks("one two three. four five. six.", seed=1))
+        st.write_document("b", "b" * 64, *fake_chunks("seven eight. nine ten.", seed=2))
+        ids = st.chunk_ids("b")[::-1] + st.chunk_ids("a")
+        damaged = st.kv_files(st.document("b"))[0]
+    data = bytearray((store / "kv" / damaged).read_bytes())
+    data[-8:] = bytes(8)  # the file's last chunk: b's second
+    (store / "kv" / damaged).write_bytes(bytes(data))
+    gone = max(ids) + 1000
+    with Store.open(store) as st:
+        got = st.load_chunks([*ids, gone])
+        assert isinstance(got[0], DamagedChunkError) and isinstance(got[-1], ChunkGoneError)
+        assert [(c.doc_path, c.idx) for c in got[1:-1]] == [("b", 0), ("a", 0), ("a", 1), ("a", 2)]
+        for chunk_id, chunk in zip(ids[1:], got[1:-1]):
+            torch.testing.assert_close(chunk.kv.keys, st.load_chunk(chunk_id).kv.keys)
+        assert st.load_chunks([]) == []
+
+
 def test_an_unreachable_store_is_a_one_line_error_not_a_hang(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing answers
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
