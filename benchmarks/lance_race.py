@@ -18,32 +18,10 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-import torch
+from cagkit.store.store import Store
+from lab.synthetic import random_document, settings
 
-from cagkit.kv.chunk import ChunkKV
-from cagkit.store.store import NewChunk, Store, StoreSettings
-
-SETTINGS = StoreSettings(source="fake", source_fingerprint="race", dtype="float16", chunk_tokens=8, embedder="fake-8")
-
-
-def document(seed: int, chunks: int = 3, tokens: int = 5) -> tuple[list[NewChunk], np.ndarray]:
-    """`chunks` chunks of `tokens` words each, random KV [2, T, 1, 4] and unit embeddings [N, 8]."""
-    gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
-    out, text_at = [], 0
-    for _ in range(chunks):
-        words = [f"w{int(x)}" for x in rng.integers(0, 1000, tokens)]
-        text = " ".join(words)
-        offsets, at = [], 0
-        for word in words:
-            offsets.append((at, at + len(word)))
-            at += len(word) + 1
-        kv = ChunkKV(torch.randn(2, tokens, 1, 4, generator=gen), torch.randn(2, tokens, 1, 4, generator=gen))
-        out.append(NewChunk(text=text, char_start=text_at, char_end=text_at + len(text),
-                            token_ids=[int(x) for x in rng.integers(0, 1000, tokens)], offsets=offsets, kv=kv))
-        text_at += len(text) + 1
-    vectors = rng.normal(size=(chunks, 8)).astype(np.float32)
-    return out, vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+SETTINGS = settings("race", chunk_tokens=8)
 
 
 def race(folder: Path, writers: int) -> tuple[bool, list[str], int]:
@@ -52,7 +30,7 @@ def race(folder: Path, writers: int) -> tuple[bool, list[str], int]:
     start, errors = threading.Barrier(writers), []
 
     def write(i: int) -> None:
-        chunks, vectors = document(i)
+        chunks, vectors = random_document(i, chunks=3, tokens=5)
         start.wait()
         try:
             stores[i].write_document(f"d{i}", f"{i:064d}", chunks, vectors)

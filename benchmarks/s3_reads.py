@@ -13,39 +13,17 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cagkit.store.store import Store
+from lab.s3server import S3Server
+from lab.synthetic import random_document, settings
 
-from cagkit.kv.chunk import ChunkKV  # noqa: E402
-from cagkit.store.store import NewChunk, Store, StoreSettings  # noqa: E402
-from lab.s3server import S3Server  # noqa: E402
-
-SETTINGS = StoreSettings(source="fake", source_fingerprint="reads", dtype="float16", chunk_tokens=128,
-                         embedder="fake-8")
-
-
-def document(seed: int, chunks: int, tokens: int = 128) -> tuple[list[NewChunk], np.ndarray]:
-    gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
-    out = []
-    for n in range(chunks):
-        text = " ".join(f"w{seed}x{n}y{i}" for i in range(tokens))
-        offsets, at = [], 0
-        for word in text.split(" "):
-            offsets.append((at, at + len(word)))
-            at += len(word) + 1
-        kv = ChunkKV(torch.randn(18, tokens, 1, 256, generator=gen), torch.randn(18, tokens, 1, 256, generator=gen))
-        # token ids of its own: KV file names hash them, and the same tokens are taken for the same KV
-        out.append(NewChunk(text=text, char_start=0, char_end=len(text),
-                            token_ids=[int(x) for x in rng.integers(0, 50_000, tokens)], offsets=offsets, kv=kv))
-    vectors = rng.normal(size=(chunks, 8)).astype(np.float32)
-    return out, vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+SETTINGS = settings("reads", chunk_tokens=128)
 
 
 def main() -> None:
@@ -60,7 +38,8 @@ def main() -> None:
         url = server.bucket_url("reads") + "/store"
         with Store.open_for_writing(url, SETTINGS) as store:
             for n in range(4):
-                store.write_document(f"doc{n}", f"{n:064d}", *document(n, args.chunks // 4 + 1))
+                store.write_document(f"doc{n}", f"{n:064d}",
+                                     *random_document(n, args.chunks // 4 + 1, tokens=128, kv_shape=(18, 1, 256)))
         with Store.open(url) as store:
             hits = store.search(np.full(8, 8 ** -0.5, dtype=np.float32), top_k=args.chunks)
             ids = [h.chunk_id for h in hits]

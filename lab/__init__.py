@@ -9,4 +9,5 @@ tests/translate/test_translators.py test it with tiny or no models.
 - `routing`: the Mixture-of-Translators router ablations of benchmarks/routing.py.
 - `long_context`: the token stream, cut points and summary of benchmarks/ttft.py.
 - `multi_agent`: the agents, discussion protocol, vote and memory accounting of benchmarks/multi_agent.py.
+- `synthetic`: documents of random chunks, no model, for benchmarks/lance_race.py and s3_reads.py.
 """
