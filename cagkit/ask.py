@@ -23,12 +23,11 @@ from cagkit.config import (
 )
 from cagkit.errors import CagkitError
 from cagkit.generation import context_room, generate, prompt_parts
-from cagkit.kv.attention import KEY_BIAS_KEYWORD, ROUTABLE, route_attention
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.context import PlacedSource, PromptSource, SelectedSentences, context_source
 from cagkit.kv.place import place_chunks
 from cagkit.kv.prefill import prefix_cache
-from cagkit.kv.repair import JOINT_LAYERS, blend_tokens
+from cagkit.kv.repair import blend as blend_chunks
 from cagkit.kv.rope import RotaryTables
 from cagkit.kv.selection import question_order
 from cagkit.models.device import synchronize
@@ -151,7 +150,7 @@ def answer_from_chunks(
     started = started or time.perf_counter()
     retrieved = retrieved or started
     context = build_context_cache(lm, store, hits, question, mode, placement)
-    gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text, context.forward_kwargs)
+    gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text)
     end = time.perf_counter()
     decoded = max(len(gen.token_ids) - 1, 0)
     timings = {
@@ -182,8 +181,6 @@ class ContextCache:
     repair_s: float = 0.0  # the repair's part of `translate_s`
     placement: dict = field(default_factory=dict)  # the options that shaped it (`ContextSource.settings`)
     skipped: list[dict] = field(default_factory=list)  # chunks left out as damaged or replaced (`load_chunks`)
-    # keywords every forward of the target over this cache takes: the translator's gates on translated positions
-    forward_kwargs: dict = field(default_factory=dict)
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
@@ -212,14 +209,12 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     tables = RotaryTables(lm.model)
     synchronize(lm.device)
     translated_at = time.perf_counter()
-    kvs, recomputed = repair(lm, source, chunks, kvs, ids, prefix_ids, question, placement, tables)
+    kvs = repair(lm, source, chunks, kvs, ids, prefix_ids, question, placement, tables)
     synchronize(lm.device)
     repaired_at = time.perf_counter()
     cache = place(lm, prefix_ids, kvs, tables)
-    context_tokens = sum(kv.num_tokens for kv in kvs)
-    return ContextCache(cache, suffix_ids, context_tokens, loaded_at, repaired_at - loaded_at, source.mode,
-                        repaired_at - translated_at, source.settings(placement), skipped,
-                        gates(lm, source, len(prefix_ids), context_tokens, recomputed, placement))
+    return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, repaired_at - loaded_at,
+                        source.mode, repaired_at - translated_at, source.settings(placement), skipped)
 
 
 def load_chunks(store: Store, hits: list[Hit]) -> tuple[list[StoredChunk], list[dict]]:
@@ -246,38 +241,18 @@ def load_chunks(store: Store, hits: list[Hit]) -> tuple[list[StoredChunk], list[
 
 def repair(lm: LoadedModel, source: PlacedSource, chunks: list[StoredChunk], kvs: list[ChunkKV],
            ids: list[list[int]], prefix_ids: list[int], question: str, placement: Placement,
-           tables: RotaryTables) -> tuple[list[ChunkKV], torch.Tensor]:
+           tables: RotaryTables) -> list[ChunkKV]:
     """`kvs` (per chunk [L, T, H, D], `ids` its token ids) after the target's own work on them: the layers the
     source leaves to it over each chunk alone (`PlacedSource.recompute`), then the cross-chunk blend of a share
-    `placement.blend` of the tokens, chosen by the question's sentences or by deviation. Also returns the indices
-    of the tokens the blend recomputed, over the chunks' tokens in order."""
+    `placement.blend` of the tokens, chosen by the question's sentences or by deviation."""
     kvs = source.recompute(lm, chunks, kvs)
     if not placement.blend:
-        return kvs, torch.zeros(0, dtype=torch.long)
+        return kvs
     priority = None
     if placement.blend_select == "question":
         offsets = [_token_offsets(lm, c, chunk_ids) for c, chunk_ids in zip(chunks, ids)]
         priority = question_order(question, [c.text for c in chunks], offsets, [c.sentences for c in chunks])
-    return blend_tokens(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
-
-
-def gates(lm: LoadedModel, source: PlacedSource, prefix_tokens: int, context_tokens: int, recomputed: torch.Tensor,
-          placement: Placement) -> dict:
-    """The forward keywords that apply the source's gates on translated positions ({} without gates): every
-    context position is translated except the tokens the blend recomputed, and the bottom layers the blend
-    prefills jointly hold the target's own KV everywhere."""
-    translated = torch.zeros(prefix_tokens + context_tokens, dtype=torch.bool, device=lm.device)
-    translated[prefix_tokens:] = True
-    translated[prefix_tokens + recomputed.to(lm.device)] = False
-    bias = source.key_bias(translated, JOINT_LAYERS if placement.blend else 0)
-    if bias is None:
-        return {}
-    implementation = lm.model.config._attn_implementation
-    if implementation not in ROUTABLE:
-        raise CagkitError(f"the translator's gates need SDPA or flash attention, and {lm.name} runs "
-                          f"{implementation!r} attention; load the model with attn_implementation='sdpa'")
-    route_attention(implementation)
-    return {KEY_BIAS_KEYWORD: bias}
+    return blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
 
 
 def place(lm: LoadedModel, prefix_ids: list[int], kvs: list[ChunkKV], tables: RotaryTables) -> DynamicCache:

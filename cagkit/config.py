@@ -187,10 +187,6 @@ class TrainSettings:
     qa_format: str | None = None
     qa_fraction: float = 0.0
     qa_skip: int = 0
-    # Gates on translated positions: train only a bias per target layer and query head on the attention logits
-    # of translated keys (`cagkit.kv.attention.KeyBias`), through the target's replay (the CCL), on a trained
-    # translator (`--init`) whose own weights stay as they are.
-    gates: bool = False
     seed: int = 0
     threads: int = 1
     sizes: dict = field(default_factory=dict)  # TranslatorConfig overrides (width, num_experts, align_mode...)

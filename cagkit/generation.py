@@ -88,22 +88,19 @@ def generate(
     input_ids: list[int],
     max_new_tokens: int,
     on_text: Callable[[str], None] | None = None,
-    forward_kwargs: dict | None = None,
 ) -> Generation:
     """Prefill `input_ids` after `cache`, then decode greedily, calling `on_text` with each new piece of text.
-    `forward_kwargs` go to every forward of the model (`cagkit.ask.ContextCache.forward_kwargs`).
 
     Base models (plain prompts) stop at the end of the answer's first line; chat models at end of turn. No
     `NO_REPEAT_NGRAM` tokens are repeated within the answer (`next_token`).
     """
     stops = stop_ids(lm)
     device = model_device(lm.model)
-    forward_kwargs = forward_kwargs or {}
     start = time.perf_counter()
     # Only the last position's logits are needed: the LM head over every prompt token would cost more than the
     # prefill itself for a large vocabulary (Gemma 3 has 262k tokens).
     logits = lm.model(input_ids=torch.tensor([input_ids], device=device), cache=cache, use_cache=True,
-                      logits_to_keep=1, **forward_kwargs).logits[0, -1]
+                      logits_to_keep=1).logits[0, -1]
     synchronize(device)
     prefill_s = time.perf_counter() - start
     first_token_at = time.perf_counter()
@@ -123,8 +120,7 @@ def generate(
             shown = _emit(on_text, shown, text)
             break
         shown = _emit(on_text, shown, text)
-        logits = lm.model(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True,
-                          **forward_kwargs).logits[0, -1]
+        logits = lm.model(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True).logits[0, -1]
     return Generation(text.strip(), out, prefill_s, first_token_at, time.perf_counter() - decode_start)
 
 

@@ -80,10 +80,6 @@ def add_parser(sub) -> None:
                    help="leave out the --qa file's first N questions and every question on their documents, "
                         "e.g. the N that `cagkit eval --limit N` scores (default: %(default)s)")
     t.add_argument("--init", default=None, help="start from this checkpoint of the same pair and kind (fine-tuning)")
-    t.add_argument("--gates", action="store_true",
-                   help="train only gates on translated positions (a bias per target layer and query head on the "
-                        "attention logits of translated keys) on the --init translator, whose weights stay as "
-                        "they are")
     t.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default: {_TRAIN.lr:g})")
     t.add_argument("--threads", type=int, default=_TRAIN.threads, metavar="N",
                    help="CPU threads for training (default: %(default)s; $CAGKIT_THREADS does not apply here)")
@@ -114,7 +110,7 @@ def run_train(args) -> int:
     from cagkit.translate.train import train_translator
 
     settings = TrainSettings(examples=args.examples, threads=args.threads, recall_fraction=args.recall_fraction,
-                             full_vocab_kl=args.full_vocab_kl, gates=args.gates,
+                             full_vocab_kl=args.full_vocab_kl,
                              kv_weight=args.kv_weight, kl_weight=args.ccl_weight, hidden_weight=args.ccl_weight,
                              prefix_tokens=args.prefix_tokens, seed=args.seed, qa_data=args.qa,
                              qa_format=args.qa_format, qa_skip=args.qa_skip,

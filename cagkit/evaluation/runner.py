@@ -299,7 +299,7 @@ def score_choices(lm: LoadedModel, context, choices: list[str]) -> tuple[list[fl
     model = lm.model
     device = model_device(model)
     last = model(input_ids=torch.tensor([context.pending_ids], device=device), cache=context.cache, use_cache=True,
-                 logits_to_keep=1, **context.forward_kwargs).logits[0, -1]
+                 logits_to_keep=1).logits[0, -1]
     synchronize(device)
     first_token_at = time.perf_counter()
     # A base prompt ends "Answer:", a chat prompt with a newline: the choice follows as it would be written.
@@ -310,8 +310,8 @@ def score_choices(lm: LoadedModel, context, choices: list[str]) -> tuple[list[fl
         logits = last[None]  # [1, V]: predicts ids[0]
         if len(ids) > 1:
             cache = copy.deepcopy(context.cache)
-            rest = model(input_ids=torch.tensor([ids[:-1]], device=device), cache=cache, use_cache=True,
-                         **context.forward_kwargs).logits[0]  # [T-1, V]
+            rest = model(input_ids=torch.tensor([ids[:-1]], device=device), cache=cache,
+                         use_cache=True).logits[0]  # [T-1, V]
             logits = torch.cat([logits, rest])  # [T, V]: row t predicts ids[t]
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         scores.append(float(logprobs[torch.arange(len(ids)), torch.tensor(ids, device=device)].mean()))

@@ -13,12 +13,8 @@ is aligned bottom-right, as flash-attn aligns it.
 
 The repair (`cagkit.kv.repair`) attends through `attention`: its recomputed tokens come in runs of consecutive
 positions (whole sentences), and each run attends to every key up to its own end (`QueryRuns`, `attend_runs`).
-`route_attention` puts this in transformers' way: the model's attention function answers a forward that carries
+`route_query_runs` puts this in transformers' way: the model's attention function answers a forward that carries
 a `QueryRuns` (keyword `cagkit_query_runs`) through `attend_runs`, and every other forward as before.
-
-Gates on translated positions: a translator may carry a learned bias per target layer and query head on the
-attention logits of the keys it translated (`KeyBias`, keyword `cagkit_key_bias`), so the target can discount
-translated context it cannot trust. A forward that carries one attends through `biased_attention`.
 """
 
 from __future__ import annotations
@@ -182,57 +178,18 @@ def attend_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: QueryRu
                       for a, b, e in plan.runs], dim=1)
 
 
-@dataclass(frozen=True)
-class KeyBias:
-    """An additive bias on the attention logits of the keys at translated positions.
-
-    bias: [L, Hq] per layer and query head, added to the logit of every key whose absolute position `p` has
-    `translated[p]` True (`translated`: [P] over positions 0..P-1; later positions are never translated). A row of
-    zeros leaves a layer as it was; -inf would hide the translated keys from that layer entirely.
-    """
-
-    bias: torch.Tensor
-    translated: torch.Tensor
-
-    def over(self, layer: int, end: int, keys: int) -> torch.Tensor:
-        """[Hq, K] the bias of `layer` on the `keys` most recent positions before `end` (end - K .. end - 1), as a
-        cache layer holds them (a sliding-window layer keeps only the last ones)."""
-        positions = torch.arange(end - keys, end, device=self.translated.device)
-        inside = (positions >= 0) & (positions < len(self.translated))
-        marked = torch.zeros(keys, dtype=self.bias.dtype, device=self.translated.device)
-        marked[inside] = self.translated[positions[inside]].to(self.bias.dtype)
-        return self.bias[layer][:, None] * marked.to(self.bias.device)[None, :]
-
-
-def biased_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor,
-                     window: int | None = None, scale: float | None = None) -> torch.Tensor:
-    """Causal attention with an additive per-head bias on each key's logit, written out so the bias gets
-    gradients. q: [B, Tq, Hq, D]; k, v: [B, Tk, Hk, D] (queries at the last Tq of the Tk positions); key_bias:
-    [Hq, Tk] -> [B, Tq, Hq, D]."""
-    heads = q.shape[2]
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, _repeat_kv(k, heads)) * scale
-    scores = scores + key_bias.to(scores.dtype)[None, :, None, :]
-    allowed = _mask(q.shape[1], k.shape[1], True, window, q.device)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-    return torch.einsum("bhqk,bkhd->bqhd", weights, _repeat_kv(v, heads))
-
-
 RUNS_KEYWORD = "cagkit_query_runs"
-KEY_BIAS_KEYWORD = "cagkit_key_bias"
 ROUTABLE = ("sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4")
 _ROUTED: dict[str, Callable] = {}
 _ROUTING = threading.Lock()
 
 
-def route_attention(implementation: str) -> None:
+def route_query_runs(implementation: str) -> None:
     """Make transformers' attention function `implementation` (one of `ROUTABLE`) send a forward that carries a
     `QueryRuns` as keyword `cagkit_query_runs` through `attend_runs` (flash-attn on CUDA where installed, SDPA
-    otherwise), and one that carries a `KeyBias` as keyword `cagkit_key_bias` through `biased_attention`; every
-    other forward reaches the function unchanged. Idempotent. The forward that carries the runs passes a 4D
-    placeholder as its attention mask, which transformers hands on as given instead of building a mask the runs
-    do not need; a biased forward ignores the mask (one sequence, causal, over the layer's sliding window)."""
+    otherwise); every other forward reaches the function unchanged. Idempotent. The forward that carries the
+    runs passes a 4D placeholder as its attention mask, which transformers hands on as given instead of
+    building a mask the runs do not need."""
     if implementation not in ROUTABLE:
         raise ValueError(f"cannot route attention implementation {implementation!r}; one of {', '.join(ROUTABLE)}")
     with _ROUTING:
@@ -245,12 +202,9 @@ def route_attention(implementation: str) -> None:
 
         def routed(module, query, key, value, attention_mask, *args, **kwargs):
             plan = kwargs.pop(RUNS_KEYWORD, None)
-            key_bias = kwargs.pop(KEY_BIAS_KEYWORD, None)
-            if plan is not None:
-                return _runs_forward(query, key, value, plan, **kwargs)
-            if key_bias is not None:
-                return _biased_forward(module, query, key, value, key_bias, **kwargs)
-            return original(module, query, key, value, attention_mask, *args, **kwargs)
+            if plan is None:
+                return original(module, query, key, value, attention_mask, *args, **kwargs)
+            return _runs_forward(query, key, value, plan, **kwargs)
 
         AttentionInterface.register(implementation, routed)
         _ROUTED[implementation] = original
@@ -263,19 +217,4 @@ def _runs_forward(query, key, value, plan: QueryRuns, dropout: float = 0.0, scal
         raise NotImplementedError("query runs do not support attention logit soft-capping or attention sinks")
     q = query.transpose(1, 2).contiguous()
     out = attend_runs(q, key.transpose(1, 2), value.transpose(1, 2), plan, sliding_window, scaling)
-    return out, None
-
-
-def _biased_forward(module, query, key, value, key_bias: KeyBias, dropout: float = 0.0, scaling: float | None = None,
-                    sliding_window: int | None = None, softcap: float | None = None, position_ids=None, **kwargs):
-    """transformers' attention-function contract over `biased_attention`, for one sequence whose queries sit at
-    `position_ids` and whose keys are the positions just before and up to them."""
-    if softcap is not None or kwargs.get("s_aux") is not None:
-        raise NotImplementedError("gated attention does not support attention logit soft-capping or attention sinks")
-    if position_ids is None:
-        raise NotImplementedError("gated attention needs the queries' position ids (keyword position_ids)")
-    end = int(position_ids[0, -1]) + 1
-    bias = key_bias.over(module.layer_idx, end, key.shape[2])
-    out = biased_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), bias,
-                           sliding_window, scaling)
     return out, None

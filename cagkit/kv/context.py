@@ -20,7 +20,6 @@ import torch
 
 from cagkit.config import Placement
 from cagkit.errors import CagkitError
-from cagkit.kv.attention import KeyBias
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.prefill import chunk_alone_kv
 from cagkit.kv.selection import selected_sentences
@@ -51,11 +50,6 @@ class PlacedSource(ContextSource):
         """`kvs` with the layers the target recomputes over each chunk alone (the first step of the repair): none."""
         return kvs
 
-    def key_bias(self, translated: torch.Tensor, exact_layers: int) -> KeyBias | None:
-        """The translator's gates over the positions marked in `translated` [P] (after `chunk_kv`), where the
-        bottom `exact_layers` layers hold the target's own KV at every position; None: no gates."""
-        return None
-
 
 class StoredKV(PlacedSource):
     """The target is the store's source model: the stored KV [L, T, H, D] (fp16 or as stored) as it is."""
@@ -75,17 +69,13 @@ class TranslatedKV(PlacedSource):
         self.mode = kind
         self.source, self.source_fingerprint = store.settings.source, store.settings.source_fingerprint
         self.own_layers = own_layers
-        self.translator = None  # loaded by `chunk_kv`
 
     def chunk_kv(self, lm, chunks):
         from cagkit.translate.translator import load_translator
 
-        translator = self.translator = load_translator(self.source, self.source_fingerprint, lm, kind=self.mode)
+        translator = load_translator(self.source, self.source_fingerprint, lm, kind=self.mode)
         pairs = translator.translate_many([(c.kv, c.token_ids, c.offsets, c.text) for c in chunks], lm)
         return [kv for kv, _ in pairs], [list(ids) for _, ids in pairs]
-
-    def key_bias(self, translated, exact_layers):
-        return self.translator.net.key_bias(translated, max(exact_layers, self.own_layers))
 
     def recompute(self, lm, chunks, kvs):
         if not self.own_layers:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from cagkit.kv.attention import ROUTABLE, RUNS_KEYWORD, QueryRuns, route_attention
+from cagkit.kv.attention import ROUTABLE, RUNS_KEYWORD, QueryRuns, route_query_runs
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.prefill import prefill_kv
 from cagkit.kv.rope import RotaryTables, apply_rope, remove_rope
@@ -42,17 +42,10 @@ JOINT_LAYERS = 2  # bottom layers prefilled jointly; the deviation is measured a
 ATTENTION = ("auto", "runs", "mask")
 
 
+@torch.no_grad()
 def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[list[int]], ratio: float,
           tables: RotaryTables | None = None, priority: torch.Tensor | None = None,
           attention: str = "auto") -> list[ChunkKV]:
-    """`blend_tokens` without the recomputed tokens' indices."""
-    return blend_tokens(model, prefix_ids, chunks, chunk_ids, ratio, tables, priority, attention)[0]
-
-
-@torch.no_grad()
-def blend_tokens(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[list[int]], ratio: float,
-                 tables: RotaryTables | None = None, priority: torch.Tensor | None = None,
-                 attention: str = "auto") -> tuple[list[ChunkKV], torch.Tensor]:
     """`chunks` (placed in this order after `prefix_ids`) with a `ratio` share of their tokens recomputed over the
     whole context, and their bottom layers prefilled jointly. `chunk_ids`: each chunk's token ids in `model`'s
     vocabulary, one per KV position. ratio 0 returns `chunks` unchanged; ratio 1 equals a joint prefill.
@@ -60,14 +53,13 @@ def blend_tokens(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids:
     `cagkit.kv.selection.question_priority`; either way `cagkit.kv.selection.budget` says how many are taken.
     `attention`: how the recomputed tokens attend: `runs` (each run of consecutive positions through
     `cagkit.kv.attention`), `mask` (one dense mask, for eager or SDPA attention) or `auto` (runs where the
-    model's attention allows them, else the mask). Also returns the recomputed tokens' indices [S] over the
-    chunks' tokens in order (none for ratio 0)."""
+    model's attention allows them, else the mask)."""
     if attention not in ATTENTION:
         raise ValueError(f"unknown repair attention {attention!r}; use {', '.join(ATTENTION)}")
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"the blend ratio must be between 0 and 1, got {ratio}")
     if ratio == 0.0 or not chunks:
-        return chunks, torch.zeros(0, dtype=torch.long)
+        return chunks
     for kv, ids in zip(chunks, chunk_ids, strict=True):
         if kv.num_tokens != len(ids):
             raise ValueError(f"a chunk has {kv.num_tokens} KV positions but {len(ids)} token ids")
@@ -95,7 +87,7 @@ def blend_tokens(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids:
         new_k, new_v = _recompute(model, ids, start, ChunkKV(keys, values), chosen, tables, attention)
         keys[joint_layers:, chosen] = new_k[joint_layers:]
         values[joint_layers:, chosen] = new_v[joint_layers:]
-    return [ChunkKV(k, v) for k, v in zip(keys.split(sizes, dim=1), values.split(sizes, dim=1))], chosen
+    return [ChunkKV(k, v) for k, v in zip(keys.split(sizes, dim=1), values.split(sizes, dim=1))]
 
 
 def _relative_error(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
@@ -104,7 +96,7 @@ def _relative_error(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
 
 
 def runs_implementation(model) -> str | None:
-    """The attention implementation of `model` that the repair's query runs go through (`route_attention`), or
+    """The attention implementation of `model` that the repair's query runs go through (`route_query_runs`), or
     None where they cannot: eager attention, or logit soft-capping, which `cagkit.kv.attention` does not do."""
     config = decoder_stack(model).config
     implementation = config._attn_implementation
@@ -147,7 +139,7 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
     if implementation is not None:
         # The cache's entries are every position 0..start+M-1 once, so in position order the keys a run of
         # consecutive chosen positions sees are one prefix: attention per run, causal from its own end.
-        route_attention(implementation)
+        route_query_runs(implementation)
         plan = QueryRuns.of(key_pos, positions)
         placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)  # taken as given, read by nobody
         decoder(input_ids=query, position_ids=positions[None], attention_mask=placeholder, cache=cache,

@@ -38,7 +38,6 @@ from cagkit.config import TRANSLATOR_KINDS as KINDS
 from cagkit.config import TRANSLATOR_SIZES
 from cagkit.errors import TranslatorError
 from cagkit.files import save_safetensors
-from cagkit.kv.attention import KeyBias
 from cagkit.kv.chunk import ChunkKV
 from cagkit.models.device import model_device
 from cagkit.translate.alignment import align
@@ -70,9 +69,6 @@ class TranslatorConfig:
     token_dim: int = TRANSLATOR_SIZES.token_dim
     skip_rank: int = TRANSLATOR_SIZES.skip_rank
     align_mode: str = TRANSLATOR_SIZES.align_mode
-    # gates on translated positions: a learned bias per target layer and query head (this many heads) on the
-    # attention logits of translated keys (`cagkit.kv.attention.KeyBias`); 0: none
-    gate_heads: int = 0
 
     @property
     def target_kv_dim(self) -> int:
@@ -228,18 +224,6 @@ class TranslatorNet(nn.Module):
         source_dim = cfg.window * 2 * cfg.source_kv_dim
         in_dim = source_dim + (cfg.token_dim if uses_tokens else 0)
         self.layers = nn.ModuleList(LayerTranslator(cfg, source_dim, in_dim) for _ in layers)
-        # zero: the target reads translated keys as its own until training says otherwise
-        self.gate = nn.Parameter(torch.zeros(cfg.target_layers, cfg.gate_heads)) if cfg.gate_heads else None
-
-    def key_bias(self, translated: torch.Tensor, exact_layers: int = 0) -> KeyBias | None:
-        """The gates as a `KeyBias` over the positions marked in `translated` [P] (bool), None without gates.
-        Layers below `exact_layers`, and the layers the translator computes exactly (`native_layers`), hold the
-        target's own KV at every position and get no bias."""
-        if self.gate is None:
-            return None
-        gated = torch.arange(self.cfg.target_layers, device=self.gate.device) >= max(exact_layers,
-                                                                                     self.cfg.native_layers)
-        return KeyBias(self.gate * gated[:, None].to(self.gate.dtype), translated)
 
     def source_inputs(self, source: torch.Tensor) -> list[torch.Tensor]:
         """Per translated layer, its normalised source-window features [N, window * 2Fs] (N = B * T) from the raw

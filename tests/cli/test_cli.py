@@ -78,7 +78,7 @@ def test_ask_times_the_repair_apart_within_the_placement(store, capsys, monkeypa
     context_module = importlib.import_module("cagkit.kv.context")
     # the store's own model reads its KV as stored: that is the "translate" step here
     monkeypatch.setattr(context_module.StoredKV, "chunk_kv", slowed(context_module.StoredKV.chunk_kv))
-    monkeypatch.setattr(ask_module, "blend_tokens", slowed(ask_module.blend_tokens))
+    monkeypatch.setattr(ask_module, "blend_chunks", slowed(ask_module.blend_chunks))
     base = ["ask", "Where can a chunk be placed?", "--store", str(store), "--model", "tiny-llama",
             "--max-new-tokens", "2", "--mode", "mot"]
     for blend, repaired in (("0.5", True), ("0", False)):
@@ -98,13 +98,13 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
 
     ask_module = importlib.import_module("cagkit.ask")
     calls = []
-    real = ask_module.blend_tokens
+    real = ask_module.blend_chunks
 
     def spy(model, prefix_ids, chunks, chunk_ids, ratio, tables=None, priority=None):
         calls.append((ratio, priority))
         return real(model, prefix_ids, chunks, chunk_ids, ratio, tables, priority)
 
-    monkeypatch.setattr(ask_module, "blend_tokens", spy)
+    monkeypatch.setattr(ask_module, "blend_chunks", spy)
     question = "Where can a chunk be placed?"
     base = ["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6", "--mode", "mot"]
 

@@ -1,7 +1,6 @@
 """`cagkit eval`'s runner on tiny random Llama models with the real SmolLM2 tokenizer: results schema, closed-set
 scoring against a hand computation, restricted retrieval, missing translators and resuming."""
 
-import dataclasses
 import json
 
 import pytest
@@ -16,7 +15,6 @@ from cagkit.generation import prompt_parts
 from cagkit.ingest.pipeline import ingest
 from cagkit.models.loading import LoadedModel
 from cagkit.store.store import Store
-from cagkit.translate.translator import Translator, TranslatorNet
 
 SOURCE, OTHER = "tiny-llama", "tiny-gemma"  # conftest's tiny random models with the SmolLM2 tokenizer
 PARIS = "Paris is the capital of France. The Seine flows through Paris, past the Louvre and Notre-Dame."
@@ -267,48 +265,6 @@ def test_mot_placed_is_the_mot_without_the_blend_in_the_same_run(models, tmp_pat
     # what mot-placed answered from is the MoT's cache with no blend
     assert runner._placement("mot-placed", runner.Placement(blend=0.5)) == AS_STORED
     assert "--methods mot,mot-placed " in run["command"] and run["settings"]["blend"] == 0.5
-
-
-def test_a_translator_s_gates_reach_every_forward_over_its_translated_positions(models, tmp_path, monkeypatch):
-    """A gated translator: the cache comes with its gates over the context's translated positions (not the prompt
-    prefix, not the tokens the blend recomputed, not the layers holding the target's own KV); at zero they change
-    no answer, closed they change the first token's scores."""
-    from cagkit.ask import Placement, answer_from_chunks, build_context_cache
-    from cagkit.evaluation.runner import score_choices
-    from cagkit.generation import prompt_parts
-    from cagkit.kv.attention import KEY_BIAS_KEYWORD
-    from cagkit.translate.translator import read_translator, translator_path
-
-    lm = models[OTHER]
-    with Store.open(_paris_store_with_a_linear_translator(models, tmp_path, monkeypatch)) as store:
-        hits = example_hits(store, "Where?", [str((tmp_path / "docs" / "paris.txt").resolve())], 3, False)
-        save_random_linear_translator(models, tmp_path / "translators", 1, kind="mot")
-        plain = answer_from_chunks(lm, store, hits, "Where does the Seine flow?", "mot", 3, placement=Placement())
-        path = translator_path(SOURCE, OTHER, "mot")
-        translator = read_translator(path)
-        gated = TranslatorNet(dataclasses.replace(translator.cfg, gate_heads=2))
-        gated.load_state_dict({**translator.net.state_dict(), "gate": torch.zeros(6, 2)})
-        Translator(gated, "tiny-llama-fp", "tiny-gemma-fp", {}).save(path)
-        again = answer_from_chunks(lm, store, hits, "Where does the Seine flow?", "mot", 3, placement=Placement())
-        assert again.answer == plain.answer and again.context_tokens == plain.context_tokens
-
-        with torch.no_grad():
-            gated.gate.fill_(-30.0)
-        Translator(gated, "tiny-llama-fp", "tiny-gemma-fp", {}).save(path)
-        prefix = len(prompt_parts(lm, "Where?")[0])
-        placed = build_context_cache(lm, store, hits, "Where?", "mot", Placement(blend=0))
-        bias = placed.forward_kwargs[KEY_BIAS_KEYWORD]
-        assert bias.translated.tolist() == [False] * prefix + [True] * placed.context_tokens
-        assert bias.bias[0].eq(0).all() and bias.bias[1:].eq(-30).all()  # layer 0 is exact from the embeddings
-        repaired = build_context_cache(lm, store, hits, "Where?", "mot", Placement(blend=0.5))
-        bias = repaired.forward_kwargs[KEY_BIAS_KEYWORD]
-        recomputed = (~bias.translated[prefix:]).sum().item()
-        assert 0 < recomputed < repaired.context_tokens and not bias.translated[:prefix].any()
-        assert bias.bias[:2].eq(0).all() and bias.bias[2:].eq(-30).all()  # the blend's joint layers are exact
-        closed, _ = score_choices(lm, placed, CHOICES)  # (the scoring prefills the question into the cache)
-        ungated = build_context_cache(lm, store, hits, "Where?", "mot", Placement(blend=0))
-        ungated.forward_kwargs.clear()  # the same cache read without its gates
-        assert score_choices(lm, ungated, CHOICES)[0] != pytest.approx(closed, abs=1e-4)
 
 
 def _paris_store_with_a_linear_translator(models, tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import torch
 
 import cagkit.kv.attention as attention_module
 from cagkit.errors import ModelError
-from cagkit.kv.attention import QueryRuns, attend_runs, flash_attn_available, reference_attention, route_attention
+from cagkit.kv.attention import QueryRuns, attend_runs, flash_attn_available, reference_attention, route_query_runs
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.place import place_chunks
 from cagkit.kv.prefill import prefill_kv, prefix_cache
@@ -164,15 +164,15 @@ def test_other_forwards_reach_the_routed_function_unchanged():
     ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         before = model(input_ids=ids).logits
-        route_attention("sdpa")
-        route_attention("sdpa")  # idempotent
+        route_query_runs("sdpa")
+        route_query_runs("sdpa")  # idempotent
         after = model(input_ids=ids).logits
         model.set_attn_implementation("eager")
         eager = model(input_ids=ids).logits
     torch.testing.assert_close(after, before)
     torch.testing.assert_close(after, eager, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="cannot route"):
-        route_attention("eager")
+        route_query_runs("eager")
 
 
 def test_eager_attention_keeps_the_dense_mask(monkeypatch):

@@ -674,36 +674,6 @@ def test_fine_tuning_starts_from_the_given_checkpoint_with_its_own_settings(pair
                          init=first, out=tmp_path / "d.safetensors", work_dir=tmp_path, log=logs.append)
 
 
-def test_gates_train_alone_on_a_trained_translator(pair, corpus, tmp_path):
-    """--gates: only the gates on translated positions learn, through the target's replay; the translator's
-    weights stay as they were, and the held-out scores are the gated translator's."""
-    first = train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=10),
-                             out=tmp_path / "a.safetensors", work_dir=tmp_path)
-    settings = tiny_settings(steps=6, gates=True, lr=0.3, warmup=1)
-    gated = train_translator("tiny-src", "tiny-tgt", corpus, settings=settings, init=first,
-                             out=tmp_path / "g.safetensors", work_dir=tmp_path)
-    before, after = read_translator(first), read_translator(gated)
-    assert after.cfg.gate_heads == 2 and before.cfg.gate_heads == 0  # the tiny Gemma's two query heads
-    # every gated layer moved; layer 0, exact from the embeddings, has no gate in use and kept its zero
-    assert after.net.gate[1:].ne(0).all() and after.net.gate[0].eq(0).all()
-    for key, value in before.net.state_dict().items():
-        assert torch.equal(value, after.net.state_dict()[key]), key
-    assert after.card["settings"]["gates"] is True and after.card["config"]["gate_heads"] == 2
-    assert after.card["heldout"]["nll"]["translated"] != before.card["heldout"]["nll"]["translated"]
-    assert after.card["heldout"]["nll"]["native"] == before.card["heldout"]["nll"]["native"]
-    again = train_translator("tiny-src", "tiny-tgt", corpus, settings=dataclasses.replace(settings, steps=1),
-                             init=gated, out=tmp_path / "h.safetensors", work_dir=tmp_path)
-    continued = read_translator(again).net.state_dict()  # a gated checkpoint goes on training its gates
-    assert all(torch.equal(value, continued[key]) for key, value in before.net.state_dict().items())
-    assert not torch.equal(continued["gate"], after.net.gate)
-    with pytest.raises(TranslatorError, match="pass that translator's checkpoint with --init"):
-        train_translator("tiny-src", "tiny-tgt", corpus, settings=settings, out=tmp_path / "u.safetensors",
-                         work_dir=tmp_path)
-    with pytest.raises(TranslatorError, match="only --gates trains"):
-        train_translator("tiny-src", "tiny-tgt", corpus, settings=tiny_settings(steps=1), init=gated,
-                         out=tmp_path / "u.safetensors", work_dir=tmp_path)
-
-
 def _rounded_translator(pair, kind: str, **sizes) -> Translator:
     """An untrained translator whose weights are fp16-representable, so a file round trip is exact."""
     source, target = pair

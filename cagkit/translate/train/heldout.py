@@ -19,7 +19,6 @@ from transformers import DynamicCache
 
 from cagkit.config import TrainSettings
 from cagkit.errors import TranslatorError
-from cagkit.kv.attention import KEY_BIAS_KEYWORD, route_attention
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.place import place_chunks
 from cagkit.kv.prefill import prefill_kv, sink_ids
@@ -34,12 +33,10 @@ from cagkit.translate.translator import Translator, read_translator
 Variants = Callable[[ChunkKV, ChunkKV, list[int]], dict[str, list[ChunkKV]]]
 
 
-def continuation_logp(target: LoadedModel, cache: DynamicCache, continuation: list[int],
-                      forward_kwargs: dict | None = None) -> torch.Tensor:
-    """Log-probabilities [C - 1, V] of the target's next-token predictions over continuation[:-1] after `cache`
-    (every forward with `forward_kwargs`: a translator's gates)."""
+def continuation_logp(target: LoadedModel, cache: DynamicCache, continuation: list[int]) -> torch.Tensor:
+    """Log-probabilities [C - 1, V] of the target's next-token predictions over continuation[:-1] after `cache`."""
     ids = torch.tensor([continuation])
-    out = target.model.get_decoder()(input_ids=ids[:, :-1], cache=cache, use_cache=True, **(forward_kwargs or {}))
+    out = target.model.get_decoder()(input_ids=ids[:, :-1], cache=cache, use_cache=True)
     return torch.log_softmax(target_logits(target, out.last_hidden_state[0]).float(), dim=-1)
 
 
@@ -99,10 +96,8 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
         native = prefill_kv(target.model, sink + ids, tables)
         native = ChunkKV(native.keys[:, len(sink):], native.values[:, len(sink):])
         contexts = {"none": [], "native": [native], "translated": [translated]}
-        exact = {"translated": 0}  # contexts the translator's gates apply to, and the bottom layers they skip
         for k in native_bottom:
             contexts[f"native_bottom_{k}"] = [with_native_layers(translated, native, range(k))]
-            exact[f"native_bottom_{k}"] = k
         if variants is not None:
             contexts.update(variants(translated, native, ids))
         for task, continuation in continuations.items():
@@ -112,12 +107,7 @@ def evaluate_translator(translator: Translator, source: LoadedModel, target: Loa
                 if sink:
                     target.model.get_decoder()(input_ids=torch.tensor([sink]), cache=cache, use_cache=True)
                 place_chunks(target.model, cache, chunks, tables)
-                bias = (translator.net.key_bias(torch.arange(len(sink) + len(ids)) >= len(sink), exact[name])
-                        if name in exact else None)
-                if bias is not None:
-                    route_attention(target.model.config._attn_implementation)
-                logps[name] = continuation_logp(target, cache, continuation,
-                                                {KEY_BIAS_KEYWORD: bias} if bias is not None else None)  # [C - 1, V]
+                logps[name] = continuation_logp(target, cache, continuation)  # [C - 1, V]
             for name, logp in logps.items():
                 sums[task][name] = sums[task].get(name, 0.0) + nll(logp, continuation[1:])
                 kl_sums[task][name] = kl_sums[task].get(name, 0.0) + kl_from_native(logps["native"], logp)

@@ -13,7 +13,7 @@ import math
 import random
 import resource
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -36,16 +36,12 @@ def _config_key(cfg: TranslatorConfig, settings: TrainSettings) -> str:
     """A short hash of what a training state depends on, so a resume never loads an incompatible state."""
     ignored = ("steps", "threads", "checkpoint_every", "heldout_examples", "heldout_prefix_tokens", "heldout_seed")
     shaping = {k: v for k, v in asdict(settings).items() if k not in ignored}
-    config = asdict(cfg)
-    if not shaping["gates"]:  # states of runs from before gates keep their key
-        shaping.pop("gates")
-        config.pop("gate_heads")
     if not shaping["full_vocab_kl"]:  # states of runs from before it keep their key
         shaping.pop("full_vocab_kl")
     if not shaping["qa_fraction"]:  # likewise without question-answer continuations
         for name in ("qa_data", "qa_format", "qa_fraction", "qa_skip"):
             shaping.pop(name)
-    return hashlib.sha256(json.dumps([config, shaping], sort_keys=True).encode()).hexdigest()[:10]
+    return hashlib.sha256(json.dumps([asdict(cfg), shaping], sort_keys=True).encode()).hexdigest()[:10]
 
 
 def _qa_tag(settings: TrainSettings) -> str:
@@ -68,10 +64,10 @@ def train_loop(net: TranslatorNet, target: LoadedModel, data: TrainingData, sett
     """Train `net` for `settings.steps`, checkpointing to `state_path` and resuming from it. Returns the state."""
     for p in target.model.parameters():
         p.requires_grad_(False)
-    params = [p for p in net.parameters() if p.requires_grad]  # with gates alone, only the gates
+    params = [p for p in net.parameters() if p.requires_grad]
     # the ridge-initialised skip is already good: it moves ten times slower than the rest
-    skip = [p for name, p in net.named_parameters() if ".skip." in name and p.requires_grad]
-    rest = [p for name, p in net.named_parameters() if ".skip." not in name and p.requires_grad]
+    skip = [p for name, p in net.named_parameters() if ".skip." in name]
+    rest = [p for name, p in net.named_parameters() if ".skip." not in name]
     opt = torch.optim.AdamW([{"params": rest, "scale": 1.0}, {"params": skip, "scale": settings.skip_lr_scale}],
                             lr=settings.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(settings.seed)
@@ -131,9 +127,6 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     settings = settings or TrainSettings()
     if init and kind == "linear":
         raise TranslatorError("--init continues a trained translator; a linear one is solved in closed form")
-    if settings.gates and not init:
-        raise TranslatorError("--gates trains gates on a trained translator, whose weights it leaves as they are; "
-                              "pass that translator's checkpoint with --init")
     if kind != "linear" and not (settings.kv_weight or settings.kl_weight or settings.hidden_weight):
         raise TranslatorError("the KV loss and the Context Correction Loss are both weighted 0: nothing to train; "
                               "give --kv-weight or --ccl-weight a positive value")
@@ -167,8 +160,6 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
     out = Path(out) if out else translator_path(source, target, kind)
     work_dir = Path(work_dir) if work_dir else cagkit_home() / "train" / f"{source}__{target}"
     cfg = TranslatorConfig.for_models(kind, src, tgt, **settings.sizes)
-    if settings.gates:
-        cfg = replace(cfg, gate_heads=tgt.model.config.get_text_config().num_attention_heads)
     recall = f"-r{settings.recall_fraction:g}" if settings.recall_fraction else ""
     data_dir = work_dir / (f"data-{cfg.align_mode}-p{settings.prefix_tokens}c{settings.continuation_tokens}"
                            f"k{settings.top_logits}{'-lse' if settings.full_vocab_kl else ''}{recall}"
@@ -185,29 +176,21 @@ def train_translator(source: str, target: str, corpus: Path, steps: int | None =
         key = _config_key(cfg, settings)
         if init:
             start = read_translator(Path(init))
-            if (replace(start.net.cfg, gate_heads=cfg.gate_heads) != cfg
-                    or start.target_fingerprint != tgt.fingerprint):
+            if asdict(start.net.cfg) != asdict(cfg) or start.target_fingerprint != tgt.fingerprint:
                 raise TranslatorError(f"{init} is not a {kind} translator of this shape for {source} -> {target}; "
                                       f"pass a checkpoint of this pair and kind to --init")
-            if start.net.gate is not None and not settings.gates:
-                raise TranslatorError(f"{init} has gates on translated positions, which only --gates trains; pass "
-                                      f"--gates, or --init the translator they were trained on")
             key += "-init-" + hashlib.sha256(Path(init).read_bytes()).hexdigest()[:10]
         state_path = work_dir / f"{kind}-{key}.state.pt"
         # the statistics and the ridge fit only initialise: a saved state or an --init checkpoint holds its own
         if state_path.exists():
             log(f"statistics and weights come from the saved state {state_path.name}")
         elif init:
-            # a translator without gates starts gates-only training with them at zero (no change)
-            net.load_state_dict(start.net.state_dict(), strict=start.net.gate is not None or net.gate is None)
+            net.load_state_dict(start.net.state_dict())
             log(f"starting from {init} ({start.card.get('steps', '?')} steps)")
         else:
             fit_statistics(net, data)
             ridge_fit = fit_ridge(net, data, settings.ridge)
             log(f"linear skip initialised from ridge: training kv mse {ridge_fit['kv']:.4f}")
-        if settings.gates:  # the translator stays as trained; only the gates learn
-            for name, p in net.named_parameters():
-                p.requires_grad_(name == "gate")
         state = train_loop(net, tgt, data, settings, state_path, log)
         final = state["history"][-1] if state["history"] else {}  # none with --steps 0
         train_s, steps_done = state["wall_s"], state["step"]

@@ -4,8 +4,7 @@ KV reconstruction (MSE of the normalised K and V per translated layer) + Context
 target replays the continuation over `sink + translated prefix` and is pulled towards its native replay (KL over
 the native top logits, renormalised, or with `full_vocab_kl` over the whole vocabulary as those tokens plus one bin
 for the rest; plus the relative MSE of every layer's hidden states), with gradients only into the translator + a
-load-balancing term that keeps every expert in use. A translator with gates replays with them (`--gates` trains
-them alone, the rest frozen).
+load-balancing term that keeps every expert in use.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import torch
 from transformers import DynamicCache
 
 from cagkit.config import TrainSettings
-from cagkit.kv.attention import KEY_BIAS_KEYWORD, route_attention
 from cagkit.kv.prefill import sink_ids
 from cagkit.kv.rope import RotaryTables, apply_rope
 from cagkit.models.loading import LoadedModel
@@ -52,10 +50,10 @@ def full_target_kv(net: TranslatorNet, target: LoadedModel, pred: torch.Tensor, 
 
 
 def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: TranslatorConfig,
-                       tables: RotaryTables, net: TranslatorNet | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       tables: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
     """(KL, hidden) of the frozen target replaying the continuation over `sink + translated prefix` vs native.
     The KL is over the whole vocabulary (`top_bins_kl`) when the batch carries the native log-partition, else
-    over the native top logits, renormalised. With `net`'s gates (if it has them) on the translated prefix."""
+    over the native top logits, renormalised."""
     sink = sink_ids(target)
     b = kv.shape[0]
     cache = DynamicCache(config=target.model.config)
@@ -63,13 +61,8 @@ def context_correction(target: LoadedModel, kv: torch.Tensor, batch: dict, cfg: 
         with torch.no_grad():
             target.model.get_decoder()(input_ids=torch.tensor([sink] * b), cache=cache, use_cache=True)
     place_differentiable(target, cache, kv, cfg, tables)
-    translated = torch.arange(len(sink) + kv.shape[1]) >= len(sink)
-    bias = net.key_bias(translated) if net is not None else None
-    if bias is not None:
-        route_attention(target.model.config._attn_implementation)
     out = target.model.get_decoder()(
-        input_ids=batch["continuation"], cache=cache, use_cache=True, output_hidden_states=True,
-        **({KEY_BIAS_KEYWORD: bias} if bias is not None else {}),
+        input_ids=batch["continuation"], cache=cache, use_cache=True, output_hidden_states=True
     )
     hidden = torch.stack(out.hidden_states[1:], dim=1)  # [B, Lt, C, E]
     native = batch["hidden"].float()
@@ -119,7 +112,7 @@ def batch_losses(net: TranslatorNet, target: LoadedModel, batch: dict, settings:
     # Without the Context Correction Loss its parts are still measured (the log shows what the KV loss alone
     # does to them), but no graph is kept for a backward pass through the target.
     with contextlib.nullcontext() if settings.kl_weight or settings.hidden_weight else torch.no_grad():
-        kl, hidden = context_correction(target, full, batch, cfg, tables, net)
+        kl, hidden = context_correction(target, full, batch, cfg, tables)
     loss = (settings.kv_weight * kv_loss + settings.kl_weight * kl + settings.hidden_weight * hidden
             + settings.balance_weight * balance)
     return {"loss": loss, "kv": kv_loss, "kl": kl, "hidden": hidden, "balance": balance}
