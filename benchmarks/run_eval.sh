@@ -55,16 +55,18 @@ for pair in $PAIRS; do
   [[ " $SETS " == *" squad "* ]] && run squad "${pair%%:*}" "${pair##*:}" 1 native,none,mot-placed,oracle
 done
 
+# Each run from results/ when this machine made it, else from the copy committed in docs/results, so a run of some
+# pairs or sets re-renders the whole report.
 files=()
+add() { if [[ -e results/$1 ]]; then files+=("results/$1"); elif [[ -e docs/results/$1 ]]; then files+=("docs/results/$1"); fi; }
 for pair in smollm2:gemma smollm2:qwen qwen:gemma; do
   for set in squad_v2 hotpotqa race quality; do
     for suffix in "" -k16 -k1; do
-      file="results/$set-${pair%%:*}-${pair##*:}$suffix.json"
-      [[ -e $file ]] && files+=("$file")
+      add "$set-${pair%%:*}-${pair##*:}$suffix.json"
     done
   done
 done
-[[ -e results/squad_v2-smollm2-smollm2.json ]] && files+=(results/squad_v2-smollm2-smollm2.json)  # reuse, below
+add squad_v2-smollm2-smollm2.json  # reuse, below
 cagkit report "${files[@]}" --out BENCHMARKS.md --plots docs/plots --note "$(cat benchmarks/note.md)"
 
 # Other measurements, each documented in the docs/ page of its topic (placement.md, translators.md, speed.md):
