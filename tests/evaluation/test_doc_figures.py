@@ -1,0 +1,73 @@
+"""The figures that README.md and docs/placement.md type in their sentences are the ones the committed results files
+give: each sentence below is filled in from docs/results with `cagkit.evaluation.report.compare` (the numbers
+`cagkit compare` prints) and must appear in its document as it stands. A rerun that moves a figure fails here
+until the sentence is rewritten."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from cagkit.evaluation.report import compare
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+
+
+@cache
+def _rows(file: str, method: str, baseline: str | None) -> list[dict]:
+    """`compare` of `method` against `baseline` (against itself without one: compare needs two)."""
+    return compare([f"{RESULTS / file}:{baseline or method}", f"{RESULTS / file}:{method}"])
+
+
+def quality(file: str, method: str) -> str:
+    """A method's mean quality (F1, or accuracy on closed-set data), as the documents write it."""
+    return f"{_rows(file, method, None)[0]['quality']:.3f}"
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.3f}".replace("-", "−")
+
+
+def difference(file: str, method: str, baseline: str, style: str = "brackets") -> str:
+    """`method − baseline` paired over the questions both answered, with its 95% interval: `+0.044 (+0.003 to
+    +0.087)`, or, in `style="commas"`, `+0.044, +0.003 to +0.087` (for a sentence already in brackets)."""
+    d = _rows(file, method, baseline)[1]["difference"]
+    mean, low, high = (_signed(d[k]) for k in ("mean", "low", "high"))
+    return f"{mean} ({low} to {high})" if style == "brackets" else f"{mean}, {low} to {high}"
+
+
+SQUAD_QWEN, SQUAD_GEMMA = "squad_v2-smollm2-qwen.json", "squad_v2-smollm2-gemma.json"
+SQUAD_GEMMA_16, REUSE = "squad_v2-smollm2-gemma-k16.json", "squad_v2-smollm2-smollm2.json"
+QUALITY_QWEN_GEMMA_16 = "quality-qwen-gemma-k16.json"
+HOTPOT_GEMMA, HOTPOT_QWEN = "hotpotqa-smollm2-gemma.json", "hotpotqa-smollm2-qwen.json"
+
+SENTENCES = {
+    "README.md": [
+        lambda: f"select scores {quality(SQUAD_QWEN, 'select')} F1 against {quality(SQUAD_QWEN, 'mot')}",
+        lambda: f"translated KV score higher ({quality(SQUAD_GEMMA, 'mot')} against {quality(SQUAD_GEMMA, 'select')})",
+        lambda: f"scores lower ({quality(SQUAD_GEMMA_16, 'mot')} against {quality(SQUAD_GEMMA_16, 'select')})",
+    ],
+    "docs/placement.md": [
+        lambda: f"placed as translated scored {quality(QUALITY_QWEN_GEMMA_16, 'mot-placed')} against select's "
+                f"{quality(QUALITY_QWEN_GEMMA_16, 'select')}",
+        lambda: f"scored {quality(REUSE, 'source')} F1 at top-4 against select's {quality(REUSE, 'select')}, "
+                f"{difference(REUSE, 'source', 'select')}",
+        lambda: f"its native prefill of the four chunks {quality(REUSE, 'native')}",
+        lambda: f"qwen's native prefill also scores below select there "
+                f"({difference(SQUAD_QWEN, 'native', 'select', 'commas')})",
+        lambda: f"gemma's within noise of it ({difference(SQUAD_GEMMA, 'native', 'select', 'commas')})",
+        lambda: f"native beats select by {difference(HOTPOT_GEMMA, 'native', 'select')} with gemma and "
+                f"{difference(HOTPOT_QWEN, 'native', 'select')} with qwen",
+    ],
+}
+
+
+@pytest.mark.parametrize("document, sentence", [(d, s) for d, sentences in SENTENCES.items() for s in sentences])
+def test_a_typed_figure_matches_its_results_file(document, sentence):
+    text = re.sub(r"\s+", " ", (ROOT / document).read_text())  # sentences wrap across lines
+    expected = sentence()
+    assert expected in text, f"{document} should say '{expected}' (from docs/results); rewrite its sentence"
