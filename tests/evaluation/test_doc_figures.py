@@ -18,10 +18,17 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 
 
+def _spec(file: str, method: str) -> str:
+    """`method` of `file`, or, where `method` is `OTHER.json:METHOD`, that method of the other file (runs over the
+    same questions pair across files)."""
+    other, _, name = method.rpartition(":")
+    return f"{RESULTS / (other or file)}:{name}"
+
+
 @cache
 def _rows(file: str, method: str, baseline: str | None) -> list[dict]:
     """`compare` of `method` against `baseline` (against itself without one: compare needs two)."""
-    return compare([f"{RESULTS / file}:{baseline or method}", f"{RESULTS / file}:{method}"])
+    return compare([_spec(file, baseline or method), _spec(file, method)])
 
 
 def quality(file: str, method: str) -> str:
@@ -30,13 +37,14 @@ def quality(file: str, method: str) -> str:
 
 
 @cache
-def _median_seconds(file: str, method: str) -> float:
-    return json.loads((RESULTS / file).read_text())["methods"][method]["ttft_ms_median"] / 1e3
+def _median_seconds(file: str, method: str, key: str = "ttft_ms_median") -> float:
+    return json.loads((RESULTS / file).read_text())["methods"][method][key] / 1e3
 
 
-def seconds(file: str, method: str) -> str:
-    """A method's median time to first token in seconds, as the report's frontier table writes it."""
-    return f"{_median_seconds(file, method):.2f}"
+def seconds(file: str, method: str, key: str = "ttft_ms_median") -> str:
+    """A method's median time to first token (or, by `key`, of its repair: `repair_ms_median`) in seconds, as the
+    report's frontier table writes it."""
+    return f"{_median_seconds(file, method, key):.2f}"
 
 
 def times(file: str, method: str, baseline: str) -> str:
@@ -60,6 +68,7 @@ SQUAD_QWEN, SQUAD_GEMMA = "squad_v2-smollm2-qwen.json", "squad_v2-smollm2-gemma.
 SQUAD_GEMMA_16, REUSE = "squad_v2-smollm2-gemma-k16.json", "squad_v2-smollm2-smollm2.json"
 QUALITY_QWEN_GEMMA_16 = "quality-qwen-gemma-k16.json"
 HOTPOT_GEMMA, HOTPOT_QWEN = "hotpotqa-smollm2-gemma.json", "hotpotqa-smollm2-qwen.json"
+ORACLE_GEMMA, ORACLE_QWEN = "hotpotqa-smollm2-gemma-oracle.json", "hotpotqa-smollm2-qwen-oracle.json"
 
 SENTENCES = {
     "README.md": [
@@ -80,6 +89,15 @@ SENTENCES = {
         lambda: f"gemma's within noise of it ({difference(SQUAD_GEMMA, 'native', 'select', 'commas')})",
         lambda: f"native beats select by {difference(HOTPOT_GEMMA, 'native', 'select')} with gemma and "
                 f"{difference(HOTPOT_QWEN, 'native', 'select')} with qwen",
+        lambda: f"it scores {quality(ORACLE_GEMMA, 'oracle')} F1 with gemma against select's "
+                f"{quality(HOTPOT_GEMMA, 'select')}, {difference(HOTPOT_GEMMA, ORACLE_GEMMA + ':oracle', 'select')}, and "
+                f"{quality(ORACLE_QWEN, 'oracle')} with qwen against {quality(HOTPOT_QWEN, 'select')}, "
+                f"{difference(HOTPOT_QWEN, ORACLE_QWEN + ':oracle', 'select')}",
+        lambda: f"(`mot` − select: {difference(HOTPOT_GEMMA, 'mot', 'select').split()[0]} with gemma, "
+                f"{difference(HOTPOT_QWEN, 'mot', 'select').split()[0]} with qwen)",
+        lambda: f"its repair alone takes a median of {seconds(HOTPOT_GEMMA, 'mot', 'repair_ms_median')} s with gemma, "
+                f"against select's whole first token at {seconds(HOTPOT_GEMMA, 'select')} s, and "
+                f"{seconds(HOTPOT_QWEN, 'mot', 'repair_ms_median')} s with qwen, against {seconds(HOTPOT_QWEN, 'select')} s",
     ],
 }
 
