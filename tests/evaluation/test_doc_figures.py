@@ -69,6 +69,7 @@ SQUAD_GEMMA_16, REUSE = "squad_v2-smollm2-gemma-k16.json", "squad_v2-smollm2-smo
 QUALITY_QWEN_GEMMA_16 = "quality-qwen-gemma-k16.json"
 HOTPOT_GEMMA, HOTPOT_QWEN = "hotpotqa-smollm2-gemma.json", "hotpotqa-smollm2-qwen.json"
 ORACLE_GEMMA, ORACLE_QWEN = "hotpotqa-smollm2-gemma-oracle.json", "hotpotqa-smollm2-qwen-oracle.json"
+HOTPOT_QWEN_15, ORACLE_QWEN_15 = "hotpotqa-smollm2-qwen-1.5b.json", "hotpotqa-smollm2-qwen-1.5b-oracle.json"
 
 SENTENCES = {
     "README.md": [
@@ -98,6 +99,12 @@ SENTENCES = {
         lambda: f"its repair alone takes a median of {seconds(HOTPOT_GEMMA, 'mot', 'repair_ms_median')} s with gemma, "
                 f"against select's whole first token at {seconds(HOTPOT_GEMMA, 'select')} s, and "
                 f"{seconds(HOTPOT_QWEN, 'mot', 'repair_ms_median')} s with qwen, against {seconds(HOTPOT_QWEN, 'select')} s",
+        lambda: f"native scores {quality(HOTPOT_QWEN_15, 'native')} F1 and select {quality(HOTPOT_QWEN_15, 'select')}, "
+                f"{difference(HOTPOT_QWEN_15, 'native', 'select')}; no context scores {quality(HOTPOT_QWEN_15, 'none')}",
+        lambda: f"beats select beyond noise over the same questions: "
+                f"{difference(HOTPOT_QWEN_15, ORACLE_QWEN_15 + ':oracle', 'select')}",
+        lambda: f"its repair alone took a median of {seconds(ORACLE_QWEN_15, 'oracle', 'repair_ms_median')} s, against "
+                f"select's whole first token at {seconds(HOTPOT_QWEN_15, 'select')} s",
     ],
 }
 
