@@ -1,7 +1,7 @@
-"""The figures that README.md and docs/placement.md type in their sentences are the ones the committed results files
-give: each sentence below is filled in from docs/results with `cagkit.evaluation.report.compare` (the numbers
-`cagkit compare` prints) and must appear in its document as it stands. A rerun that moves a figure fails here
-until the sentence is rewritten."""
+"""The figures that README.md, docs/placement.md and docs/translators.md type in their sentences are the ones the
+committed results files give: each sentence below is filled in from docs/results with
+`cagkit.evaluation.report.compare` (the numbers `cagkit compare` prints) and must appear in its document as it stands.
+A rerun that moves a figure fails here until the sentence is rewritten."""
 
 from __future__ import annotations
 
@@ -70,6 +70,9 @@ QUALITY_QWEN_GEMMA_16 = "quality-qwen-gemma-k16.json"
 HOTPOT_GEMMA, HOTPOT_QWEN = "hotpotqa-smollm2-gemma.json", "hotpotqa-smollm2-qwen.json"
 ORACLE_GEMMA, ORACLE_QWEN = "hotpotqa-smollm2-gemma-oracle.json", "hotpotqa-smollm2-qwen-oracle.json"
 HOTPOT_QWEN_15, ORACLE_QWEN_15 = "hotpotqa-smollm2-qwen-1.5b.json", "hotpotqa-smollm2-qwen-1.5b-oracle.json"
+ONE_CHUNK_QWEN_15 = "squad_v2-smollm2-qwen-1.5b-k1.json"
+# the smollm2 -> qwen-1.5b translator trained with the shipped design (docs/translators.md)
+DESIGN_ONE_CHUNK_15, DESIGN_HOTPOT_15 = "designs/squad_v2-smollm2-qwen-1.5b-k1-q15.json", "designs/hotpotqa-smollm2-qwen-1.5b-q15.json"
 
 SENTENCES = {
     "README.md": [
@@ -105,6 +108,16 @@ SENTENCES = {
                 f"{difference(HOTPOT_QWEN_15, ORACLE_QWEN_15 + ':oracle', 'select')}",
         lambda: f"its repair alone took a median of {seconds(ORACLE_QWEN_15, 'oracle', 'repair_ms_median')} s, against "
                 f"select's whole first token at {seconds(HOTPOT_QWEN_15, 'select')} s",
+        lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
+    ],
+    "docs/translators.md": [
+        lambda: f"{quality(ONE_CHUNK_QWEN_15, 'oracle')} F1 against {quality(ONE_CHUNK_QWEN_15, 'none')} (the first "
+                f"200 SQuAD v2 questions, top-1)",
+        lambda: f"its chunk placed as translated scores {quality(DESIGN_ONE_CHUNK_15, 'mot-placed')}, "
+                f"{difference(DESIGN_ONE_CHUNK_15, 'mot-placed', 'none')} over none",
+        lambda: f"it scores {quality(DESIGN_HOTPOT_15, 'mot')} against select's {quality(DESIGN_HOTPOT_15, 'select')}, "
+                f"{difference(DESIGN_HOTPOT_15, 'mot', 'select')} over the first",
+        lambda: f"a median of {seconds(DESIGN_HOTPOT_15, 'mot')} s against select's {seconds(HOTPOT_QWEN_15, 'select')} s",
     ],
 }
 
