@@ -72,7 +72,8 @@ ORACLE_GEMMA, ORACLE_QWEN = "hotpotqa-smollm2-gemma-oracle.json", "hotpotqa-smol
 HOTPOT_QWEN_15, ORACLE_QWEN_15 = "hotpotqa-smollm2-qwen-1.5b.json", "hotpotqa-smollm2-qwen-1.5b-oracle.json"
 ONE_CHUNK_QWEN_15 = "squad_v2-smollm2-qwen-1.5b-k1.json"
 # the smollm2 -> qwen-1.5b translator trained with the shipped design (docs/translators.md)
-DESIGN_ONE_CHUNK_15, DESIGN_HOTPOT_15 = "designs/squad_v2-smollm2-qwen-1.5b-k1-q15.json", "designs/hotpotqa-smollm2-qwen-1.5b-q15.json"
+DESIGN_ONE_CHUNK_15 = "designs/squad_v2-smollm2-qwen-1.5b-k1-q15.json"
+DESIGN_HOTPOT_15 = "designs/hotpotqa-smollm2-qwen-1.5b-q15.json"
 
 SENTENCES = {
     "README.md": [
