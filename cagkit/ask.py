@@ -17,14 +17,17 @@ from cagkit.config import (
     DEFAULT_MODE,
     DEFAULT_MODEL,
     DEFAULT_RETRIEVAL,
+    DEFAULT_SCOPE,
     DEFAULT_STORE,
     DEFAULT_TOP_K,
+    DOCUMENT_BUDGET,
+    SCOPES,
     Placement,
 )
 from cagkit.errors import CagkitError
 from cagkit.generation import context_room, generate, prompt_parts
 from cagkit.kv.chunk import ChunkKV
-from cagkit.kv.context import PlacedSource, PromptSource, SelectedSentences, context_source
+from cagkit.kv.context import PlacedSource, PromptSource, SelectedSentences, context_source, owns_store
 from cagkit.kv.place import place_chunks
 from cagkit.kv.prefill import prefix_cache
 from cagkit.kv.repair import blend as blend_chunks
@@ -50,8 +53,11 @@ class Answer:
     placement: dict = field(default_factory=dict)  # the ask-time options that shaped the context; {} for native
     retrieval: str | None = None  # how `ask` ranked the chunks (`cagkit.retrieval`); None when they were given
     # retrieved chunks left out: their stored KV is damaged, or their document was replaced since the search
-    # ({"document", "chunk", "reason": "damaged" or "replaced", "error"} each)
+    # ({"document", "chunk", "reason": "damaged" or "replaced", "error"} each), and documents left out at
+    # document scope for room ({"document", "reason": "room", "error"})
     skipped: list[dict] = field(default_factory=list)
+    scope: str = "chunks"  # what was placed: whole `document`s or the retrieved `chunks`
+    documents: list[str] = field(default_factory=list)  # at document scope, the documents placed, in order
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,10 +72,11 @@ def ask(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     on_text: Callable[[str], None] | None = None,
     recompute_layers: int = Placement.recompute_layers,
-    blend: float = Placement.blend,
+    blend: float | None = None,
     blend_select: str = Placement.blend_select,
     device: str | None = None,
     retrieval: str = DEFAULT_RETRIEVAL,
+    scope: str = DEFAULT_SCOPE,
 ) -> Answer:
     """Answer `question` from the documents in `store` with `model`.
 
@@ -78,13 +85,13 @@ def ask(
         store: a store directory (or an open Store).
         model: the target model (alias, Hugging Face id or model directory).
         top_k: how many chunks to retrieve.
-        mode: where the target's context comes from. `select` (the default): the target prefills only the
-            sentences of the retrieved chunks closest to the question (a share `blend` of the context tokens, in
-            document order) and reads no stored KV at all; it is the default because on every measured run no
-            other mode answered both sooner and better (BENCHMARKS.md). `mot`: the stored KV, translated by the
-            trained Mixture-of-Translators when the target is not the store's source model, then repaired
-            (`blend`); `linear` or `projector`: the same with single-path baseline translators. When the target
-            is the source model, `mot`, `linear` and `projector` all reuse the stored cache as it is. `native`:
+        mode: where the target's context comes from. `auto` (the default): `stored` where the store holds the
+            target's own KV (it wrote the store), `select` elsewhere (`resolve_mode`). `stored`: the stored KV, as
+            it is for the store's own model (at document scope, native prefill's cache), translated by the
+            trained Mixture-of-Translators for another target (`mot` is its older name); `linear` or `projector`:
+            the same with single-path baseline translators. `select`: the target prefills only the sentences of
+            the context closest to the question (a share `blend` of the context tokens, in document order) and
+            reads no stored KV at all; no translated mode has beaten it on the measured runs. `native`:
             the target prefills the chunk text itself (the reference). `oracle` is a diagnostic: the target
             prefills each chunk alone after its sink token, the cache a perfect translator would produce, so it
             shows what the store's layout (chunks that never attend to each other) costs by itself.
@@ -93,18 +100,23 @@ def ask(
         recompute_layers: with a translated mode, the target recomputes its bottom this many layers over each
             chunk (a partial prefill, about this share of a native one) and only the layers above are
             translated (the injection depth; 0 = the translator's default).
-        blend: the share of context tokens the target recomputes with attention across all retrieved chunks
-            (see `Placement`); 0 places the chunks exactly as stored or translated (fastest). With `select`, the
-            share of the context tokens whose sentences the target reads.
+        blend: the share of context tokens the target recomputes with attention across all placed chunks (see
+            `Placement`); 0 places them exactly as stored or translated (fastest). None (the default): 0 at
+            document scope, where each document was prefilled whole, and 0.15 for chunks; with `select` always
+            0.15 unless given: the share of the context tokens whose sentences the target reads.
         blend_select: which tokens the blend recomputes: `question` (the sentences most similar to the
             question) or `deviation` (CacheBlend's choice).
         device: where the target runs: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a GPU), `cpu`,
             `cuda` or `cuda:N`. Stored and translated KV is moved there as it is placed.
         retrieval: how the chunks are ranked: `hybrid` (default: the embedding's and BM25's rankings fused),
             `dense` (the embedding alone) or `lexical` (BM25 alone); see `cagkit.retrieval`.
+        scope: what is placed (`choose_scope`): `document` (the documents of the retrieved chunks, each whole,
+            its chunks in order), `chunks` (the retrieved chunks, in document order) or `auto` (the default:
+            documents when they fit `cagkit.config.DOCUMENT_BUDGET` and the target's context, chunks otherwise).
     """
     if mode not in MODES:
         raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
+    check_scope(scope)
     check_retrieval(retrieval)
     if not question.strip():
         raise CagkitError("the question is empty; pass the question as the last argument")
@@ -112,23 +124,82 @@ def ask(
         raise CagkitError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if top_k < 1:
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
-    placement = Placement(recompute_layers, blend, blend_select)
+    Placement(recompute_layers, Placement.blend if blend is None else blend, blend_select).check()
     if mode == "select":
-        SelectedSentences.check(placement)
+        SelectedSentences.check(Placement(recompute_layers, Placement.blend if blend is None else blend, blend_select))
     opened = Store.open(store) if isinstance(store, (str, Path)) else store
     try:
         lm = load_model(model, device)
-        context_room(lm, *prompt_parts(lm, question), max_new_tokens)  # the question itself must fit
+        room = context_room(lm, *prompt_parts(lm, question), max_new_tokens)  # the question itself must fit
+        mode = resolve_mode(mode, lm, opened)
         t0 = time.perf_counter()
         hits = retrieve(opened, question, top_k, retrieval)
+        placed, used, left_out = choose_scope(opened, hits, scope, min(room, DOCUMENT_BUDGET))
         t1 = time.perf_counter()
-        answer = answer_from_chunks(lm, opened, hits, question, mode, max_new_tokens, on_text, started=t0,
-                                    retrieved=t1, placement=placement)
+        placement = Placement(recompute_layers, default_blend(mode, used) if blend is None else blend, blend_select)
+        answer = answer_from_chunks(lm, opened, placed, question, mode, max_new_tokens, on_text, started=t0,
+                                    retrieved=t1, placement=placement, scope=used, sources=hits)
         answer.retrieval = retrieval
+        answer.skipped = left_out + answer.skipped
         return answer
     finally:
         if opened is not store:
             opened.close()
+
+
+def check_scope(scope: str) -> None:
+    """Refuse an unknown `--scope` before any model loads."""
+    if scope not in SCOPES:
+        raise CagkitError(f"unknown --scope '{scope}'; use one of {', '.join(SCOPES)}")
+
+
+def resolve_mode(mode: str, lm: LoadedModel, store: Store) -> str:
+    """`mode`, with `auto` made concrete: `stored` where `store` holds `lm`'s own KV (the target wrote it), so a
+    document placed from it is native prefill's cache; `select` elsewhere, where no translated mode has beaten
+    prefilling the question's sentences (docs/document-caches.md)."""
+    if mode != "auto":
+        return mode
+    return "stored" if owns_store(lm, store) else "select"
+
+
+def default_blend(mode: str, scope: str) -> float:
+    """The share recomputed when `--blend` is not given: none at document scope for the modes that place KV (each
+    document was prefilled whole), `Placement.blend` otherwise (and always for `select`, whose share it is)."""
+    return 0.0 if scope == "document" and mode != "select" else Placement.blend
+
+
+def choose_scope(store: Store, hits: list[Hit], scope: str, budget: int) -> tuple[list[Hit], str, list[dict]]:
+    """What to place for the retrieved `hits`: (the chunks to place, the scope used, documents left out).
+
+    `document`: the documents of `hits`, in the order of their best hit, each whole (every chunk, in order),
+    as many as fit `budget` tokens; a document that does not fit is left out (reason `room`), and when not even
+    the first fits, the error names its size and `--scope chunks`. `chunks`: `hits` themselves. `auto`: the
+    documents when all of them fit, else `hits`."""
+    check_scope(scope)
+    if scope == "chunks" or not hits:
+        return hits, "chunks", []
+    order = list(dict.fromkeys(h.doc_path for h in hits))
+    sizes = {}
+    for path in order:
+        doc = store.document(path)
+        sizes[path] = doc.n_tokens if doc is not None else 0
+    if scope == "auto" and sum(sizes.values()) > budget:
+        return hits, "chunks", []
+    documents = [(path, store.document_hits(path)) for path in order]
+    placed, left_out, used = [], [], 0
+    for path, doc_hits in documents:
+        size = sizes.get(path, 0)
+        if not doc_hits or used + size > budget:
+            if not placed and doc_hits:
+                raise CagkitError(f"document {path} is {size} tokens, over the {budget} the target has room for "
+                                  f"at document scope; pass --scope chunks (or auto) to place its retrieved chunks")
+            left_out.append({"document": path, "reason": "room" if doc_hits else "replaced",
+                             "error": f"{size} tokens, {budget - used} left of {budget}" if doc_hits
+                             else "no longer in the store"})
+            continue
+        placed += doc_hits
+        used += size
+    return placed, "document", left_out
 
 
 def answer_from_chunks(
@@ -142,14 +213,17 @@ def answer_from_chunks(
     started: float | None = None,
     retrieved: float | None = None,
     placement: Placement = Placement(),
+    scope: str = "chunks",
+    sources: list[Hit] | None = None,
 ) -> Answer:
-    """Answer `question` with `lm` from the given retrieved chunks (the part of `ask` after retrieval).
+    """Answer `question` with `lm` from the given chunks (the part of `ask` after retrieval and `choose_scope`).
 
     The chunks are placed in document order, whatever their scores, so text that belongs together reads in order.
+    `sources`: the retrieved chunks to name as the answer's sources (default: `hits`).
     """
     started = started or time.perf_counter()
     retrieved = retrieved or started
-    context = build_context_cache(lm, store, hits, question, mode, placement)
+    context = build_context_cache(lm, store, hits, question, mode, placement, scope)
     gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text)
     end = time.perf_counter()
     decoded = max(len(gen.token_ids) - 1, 0)
@@ -163,9 +237,12 @@ def answer_from_chunks(
         "total_ms": (end - started) * 1e3,
         "tokens_per_s": decoded / gen.decode_s if decoded and gen.decode_s else 0.0,
     }
-    sources = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in hits]
-    return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens, context.placement,
-                  skipped=context.skipped)
+    gone = {(s["document"], s["chunk"]) for s in context.skipped}
+    named = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in (sources or hits)
+             if (h.doc_path, h.idx) not in gone]
+    documents = list(dict.fromkeys(h.doc_path for h in hits)) if scope == "document" else []
+    return Answer(gen.text, named, timings, lm.name, context.mode, context.context_tokens, context.placement,
+                  skipped=context.skipped, scope=scope, documents=documents)
 
 
 @dataclass
@@ -184,7 +261,7 @@ class ContextCache:
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
-                        placement: Placement = Placement()) -> ContextCache:
+                        placement: Placement = Placement(), scope: str = "chunks") -> ContextCache:
     """Bring the chunks of `hits` into `lm`'s cache for `question`, stopping before the question is prefilled.
 
     The context's source is chosen once (`cagkit.kv.context.context_source`). The chunks are placed in document
@@ -195,7 +272,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     `translate_s` as "translate" and "repair".
     """
     placement.check(lm)
-    source = context_source(mode, lm, store, placement)
+    source = context_source(resolve_mode(mode, lm, store), lm, store, placement, scope)
     prefix_ids, suffix_ids = prompt_parts(lm, question)
     placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
     if isinstance(source, PromptSource):

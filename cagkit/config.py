@@ -13,11 +13,13 @@ from pathlib import Path
 from cagkit.errors import CagkitError
 
 ALIGN_MODES = ("cover", "overlap")  # cagkit.translate.alignment: how a target token reads the source tokens
-ASK_MODES = ("mot", "native", "linear", "projector", "oracle", "select")  # cagkit.ask: where the target's context comes from
+# cagkit.ask: where the target's context comes from (auto: `stored` where the store holds the target's own document
+# caches, `select` elsewhere; `mot` is `stored` by its older name)
+ASK_MODES = ("auto", "stored", "mot", "native", "linear", "projector", "oracle", "select")
 # cagkit.evaluation.runner: what `cagkit eval --methods` compares (none: no context; source: the source model answers;
 # select: the target prefills only the question's sentences, the control for every method that reads stored KV;
 # mot-placed: the MoT's translated chunks placed as translated, no blend, whatever --blend says)
-EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot", "mot-placed", "oracle")
+EVAL_METHODS = ("native", "none", "select", "source", "stored", "linear", "projector", "mot", "mot-placed", "oracle")
 TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translate.translator
 # cagkit.retrieval: how chunks are ranked for a question (hybrid: embedding and BM25 rankings fused)
 RETRIEVAL_MODES = ("hybrid", "dense", "lexical")
@@ -28,16 +30,27 @@ KV_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}  # cagkit.store: the dty
 # sliding window
 DEFAULT_CHUNK_TOKENS = 256
 DEFAULT_SOURCE = "smollm2"  # the model that prefills the documents at ingest
+# cagkit.ingest: how the source reads a document: `document` (causally from its start, each chunk's KV its slice of
+# the document's cache) or `chunks` (each chunk alone, as stores before document caches were written)
+PREFILL_KINDS = ("document", "chunks")
+DEFAULT_PREFILL = "document"
 DEFAULT_STORE = Path("stores/default")
 DEFAULT_MODEL = "smollm2"  # the target `ask`, `eval` and the LlamaIndex classes answer with when none is named
 DEFAULT_TOP_K = 4  # chunks retrieved for a question
 DEFAULT_MAX_NEW_TOKENS = 64  # the longest answer, in tokens
 # Answers never repeat a sequence of this many tokens: greedy decoding's loops are cut (cagkit.generation.next_token)
 NO_REPEAT_NGRAM = 4
-# where `ask` takes the target's context from: the question's sentences prefilled by the target, no stored KV read,
-# because on every measured run no other mode answers both sooner and better (BENCHMARKS.md's frontier table);
-# `mot` reads the stored KV, translated for a target other than the store's source
-DEFAULT_MODE = "select"
+# where `ask` takes the target's context from: `auto` picks `stored` (the store's KV as it is) where the store holds
+# the target's own document caches, which at document scope are native prefill's cache, and `select` (the question's
+# sentences prefilled by the target, no stored KV read) elsewhere, where no translated mode has beaten it
+# (docs/document-caches.md, BENCHMARKS.md)
+DEFAULT_MODE = "auto"
+# what `ask` places (cagkit.ask.choose_scope): whole documents, the retrieved chunks, or documents when they fit
+SCOPES = ("auto", "document", "chunks")
+DEFAULT_SCOPE = "auto"
+# the most context tokens whole documents may take at `--scope auto` or `document` (also capped by the target's
+# context less the prompt and the answer)
+DOCUMENT_BUDGET = 32768
 # `cagkit eval`: the methods compared when none are named, and the longest answer (QA answers are short spans)
 DEFAULT_EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 24

@@ -41,6 +41,13 @@ def prompt_parts(lm, question: str) -> tuple[list[int], list[int]]:
     return prefix, suffix
 
 
+def context_prefix(lm) -> list[int]:
+    """The prompt's token ids before the context, the same for every question: what a document is prefilled after
+    at ingest (`cagkit.kv.prefill.DocumentPrefill`), so that the model that wrote a store reads a document placed
+    after this prefix exactly as it would have read it in the prompt."""
+    return prompt_parts(lm, "")[0]
+
+
 def context_room(lm, prefix_ids: list[int], suffix_ids: list[int], max_new_tokens: int) -> int:
     """How many context tokens fit in `lm`'s context (its config's `max_position_embeddings`) beside the prompt's
     `prefix_ids` and `suffix_ids` (the question) and an answer of `max_new_tokens`; a CagkitError naming the

@@ -105,7 +105,13 @@ def main(argv: list[str] | None = None) -> int:
 
             resolve_device(args.device)  # a bad --device fails before any work, not after an ingest
         if hasattr(args, "blend"):  # so do placement options out of range, before a model loads
-            Placement(args.recompute_layers, args.blend, args.blend_select).check()
+            blend = Placement.blend if args.blend is None else args.blend
+            Placement(args.recompute_layers, blend, args.blend_select).check()
+        if hasattr(args, "scope"):
+            from cagkit.config import SCOPES
+
+            if args.scope not in SCOPES:
+                raise CagkitError(f"unknown --scope '{args.scope}'; use one of {', '.join(SCOPES)}")
         return args.func(args)
     except CagkitError as exc:
         print(f"error: {exc}", file=sys.stderr)

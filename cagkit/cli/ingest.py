@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from cagkit.cli.options import add_device_options, add_store_option
-from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, KV_DTYPES
+from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_PREFILL, DEFAULT_SOURCE, KV_DTYPES, PREFILL_KINDS
 from cagkit.store.store import MANIFESTS
 
 
@@ -20,6 +20,12 @@ def add_parser(sub) -> None:
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, help="most source tokens per chunk (default: %(default)s)")
     p.add_argument("--prune", action="store_true", help="drop stored documents whose files no longer exist")
     p.add_argument("--dtype", default="float16", choices=list(KV_DTYPES), help="stored KV dtype (default: %(default)s)")
+    p.add_argument("--prefill", default=DEFAULT_PREFILL, choices=list(PREFILL_KINDS),
+                   help="how the source reads a document: whole, causally from its start, each chunk's KV its slice "
+                        "of the document's cache (document), or each chunk alone (chunks) (default: %(default)s)")
+    p.add_argument("--window", type=int, default=None, metavar="N",
+                   help="with --prefill document: the most tokens a token attends over; past it the cache slides, "
+                        "keeping the document's first tokens (default and cap: the source's context length)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--wait", action="store_true", help="when another cagkit process is writing the store, wait for it "
                                                        "to finish instead of stopping")
@@ -42,13 +48,14 @@ def run(args) -> int:
 
         report = ingest_ray(args.paths, args.store, address=None if args.ray == "local" else args.ray,
                             actors=args.actors, source=args.source, chunk_tokens=args.chunk_tokens,
-                            dtype=args.dtype, prune=args.prune, device=args.device, progress=not args.quiet)
+                            dtype=args.dtype, prune=args.prune, device=args.device, progress=not args.quiet,
+                            prefill=args.prefill, window=args.window)
     else:
         from cagkit.ingest.pipeline import ingest
 
         report = ingest(args.paths, store=args.store, source=args.source, chunk_tokens=args.chunk_tokens,
                         prune=args.prune, dtype=args.dtype, progress=not args.quiet, device=args.device,
-                        wait=args.wait, manifest=args.manifest)
+                        wait=args.wait, manifest=args.manifest, prefill=args.prefill, window=args.window)
     print(
         f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "
         f"{len(report.removed)} removed, {len(report.failed)} skipped; {report.chunks} chunks, {report.tokens} tokens "

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 
-from cagkit.config import BLEND_SELECT, DEFAULT_RETRIEVAL, DEFAULT_STORE, RETRIEVAL_MODES, Placement
+from cagkit.config import (
+    BLEND_SELECT,
+    DEFAULT_RETRIEVAL,
+    DEFAULT_SCOPE,
+    DEFAULT_STORE,
+    DOCUMENT_BUDGET,
+    RETRIEVAL_MODES,
+    SCOPES,
+    Placement,
+)
 
 
 def add_store_option(p: argparse.ArgumentParser) -> None:
@@ -25,14 +34,23 @@ def add_placement_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recompute-layers", type=int, default=Placement.recompute_layers, metavar="K",
                    help="translated modes: the target recomputes its bottom K layers over each chunk (about K/L of "
                         "a native prefill) and only the layers above are translated (default: %(default)s)")
-    p.add_argument("--blend", type=float, default=Placement.blend, metavar="R",
-                   help="recompute this share of the context tokens with attention across all retrieved chunks, "
-                        "which chunks stored one at a time never had (0 to 1; 0 places them as stored, the fastest; "
-                        "1 is a joint prefill; default: %(default)s)")
+    p.add_argument("--blend", type=float, default=None, metavar="R",
+                   help="recompute this share of the context tokens with attention across all placed chunks, which "
+                        "chunks or documents stored apart never had (0 to 1; 0 places them as stored, the fastest; "
+                        f"1 is a joint prefill; default: 0 at document scope, {Placement.blend:g} for chunks and "
+                        "for select, whose share of the context it is)")
     p.add_argument("--blend-select", default=Placement.blend_select, metavar="{" + ",".join(BLEND_SELECT) + "}",
                    help="which tokens --blend recomputes: whole sentences, most similar to the question first, or "
                         "those whose KV deviates most from a joint prefill of the bottom layers (CacheBlend's "
                         "choice) (default: %(default)s)")
+
+
+def add_scope_option(p: argparse.ArgumentParser) -> None:
+    """--scope, shared by ask and eval."""
+    p.add_argument("--scope", default=DEFAULT_SCOPE, metavar="{" + ",".join(SCOPES) + "}",
+                   help="what the target reads: the retrieved chunks' documents, each whole (document), the "
+                        "retrieved chunks (chunks), or documents when they fit the target's context and "
+                        f"{DOCUMENT_BUDGET} tokens, chunks otherwise (auto) (default: %(default)s)")
 
 
 def add_device_options(p: argparse.ArgumentParser) -> None:

@@ -77,9 +77,10 @@ def run_info(args) -> int:
     print(f"source {s['source']} (fingerprint {s['source_fingerprint']}), {s['dtype']} KV, chunks of at most "
           f"{s['chunk_tokens']} tokens, embedder {s['embedder']}, format {s['format_version']}")
     if info["per_document"]:
-        print(f"\n{'chunks':>6} {'tokens':>7} {'KV MB':>7}  {'state':<12}  document")
+        print(f"\n{'chunks':>6} {'tokens':>7} {'KV MB':>7}  {'state':<12}  {'prefilled':<16}  document")
     for d in info["per_document"]:
-        print(f"{d['chunks']:>6} {d['tokens']:>7} {d['kv_bytes'] / 1e6:>7.1f}  {d['state']:<12}  {d['path']}")
+        read = f"whole, window {d['window']}" if d.get("prefill") == "document" else "chunk by chunk"
+        print(f"{d['chunks']:>6} {d['tokens']:>7} {d['kv_bytes'] / 1e6:>7.1f}  {d['state']:<12}  {read:<16}  {d['path']}")
     if damaged:
         print(f"\n{damaged} of {info['documents']} documents are damaged; `cagkit store repair --store {args.store}` "
               f"rebuilds them (`cagkit store verify` also checks every checksum)")

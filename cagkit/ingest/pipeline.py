@@ -1,4 +1,5 @@
-"""`cagkit ingest`: read documents, chunk them, prefill each chunk once with the source model, store the KV.
+"""`cagkit ingest`: read documents, chunk them, prefill each document once with the source model as it reads
+it (part after part, each attending to the document before it), store each chunk's slice of that KV.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE, DEFAULT_STORE
+from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_PREFILL, DEFAULT_SOURCE, DEFAULT_STORE, PREFILL_KINDS
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
 from cagkit.ingest.chunking import Chunk, check_chunk_tokens, chunk_text
 from cagkit.ingest.documents import find_documents, read_document
-from cagkit.kv.prefill import prefill_kv_batch
+from cagkit.kv.prefill import SINK_TOKENS, DocumentPrefill, prefill_kv_batch
 from cagkit.kv.rope import RotaryTables
 from cagkit.models.loading import load_model
 from cagkit.retrieval.embeddings import EMBEDDER_NAME, embed_with_sentences
@@ -55,6 +56,8 @@ def ingest(
     device: str | None = None,
     wait: bool = False,
     manifest: str = "sqlite",
+    prefill: str = DEFAULT_PREFILL,
+    window: int | None = None,
 ) -> IngestReport:
     """Add the documents under `paths` to `store`, prefilling each new or changed one with `source`.
 
@@ -73,6 +76,12 @@ def ingest(
         wait: when another process is writing `store`, wait for it to finish instead of raising `StoreError`.
         manifest: for a new local store, what keeps its manifest: `sqlite` (the default, one machine) or `lance`
             (LanceDB, as a store at a URL always is: several writers at once, search indexes; the scale extra).
+        prefill: how the source reads a document: `document` (the default: causally from its start, each part
+            attending to everything before it up to `window`, so a chunk's KV is its slice of the document's
+            cache) or `chunks` (each chunk alone, as stores written before document caches were).
+        window: the most tokens one document token attends over (the prompt prefix included); default and cap:
+            the source's context length. Past it the cache slides, keeping the document's first tokens as the
+            attention sink (`cagkit.kv.prefill.DocumentPrefill`).
 
     Unchanged files (same content hash, stored chunks matching their checksums) are skipped; a file that cannot
     be read is skipped with a warning and listed in the report. Each document is committed on its own, so an
@@ -95,7 +104,7 @@ def ingest(
 
     keep = _still_there if prune else None
     return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress, device, wait,
-                             manifest=manifest)
+                             manifest=manifest, prefill=prefill, window=window)
 
 
 def _still_there(path: str) -> bool:
@@ -113,6 +122,8 @@ def ingest_texts(
     progress: bool = True,
     device: str | None = None,
     manifest: str = "sqlite",
+    prefill: str = DEFAULT_PREFILL,
+    window: int | None = None,
 ) -> IngestReport:
     """Add in-memory documents to `store`: the same as `ingest`, for text that is not (or not only) in files.
 
@@ -120,7 +131,7 @@ def ingest_texts(
         items: `(doc_id, text)` or `(doc_id, text, metadata)` per document. `doc_id` names the document in the
             store (as a file's path does) and must be stable across runs for unchanged documents to be skipped;
             `metadata` (JSON-serialisable) is stored with it and returned with its retrieved chunks.
-        store, source, chunk_tokens, dtype, progress, device, manifest: as for `ingest`.
+        store, source, chunk_tokens, dtype, progress, device, manifest, prefill, window: as for `ingest`.
         prune: drop documents from the store whose ids are not among `items`.
 
     A document is skipped as unchanged when its text and metadata are both unchanged; empty text is skipped with
@@ -156,7 +167,7 @@ def ingest_texts(
     kept = set(docs) | {doc_id for doc_id, _ in report.failed}
     keep = kept.__contains__ if prune else None
     return _ingest_documents(docs.values(), report, store, source, chunk_tokens, keep, dtype, progress, device,
-                             manifest=manifest)
+                             manifest=manifest, prefill=prefill, window=window)
 
 
 def _ingest_documents(
@@ -172,6 +183,8 @@ def _ingest_documents(
     wait: bool = False,
     rebuild: set[str] = frozenset(),
     manifest: str = "sqlite",
+    prefill: str = DEFAULT_PREFILL,
+    window: int | None = None,
 ) -> IngestReport:
     """Prefill and store each new or changed `(key, text, metadata)`, and those in `rebuild` whatever their state;
     with `keep`, remove stored documents for which it is false.
@@ -181,7 +194,9 @@ def _ingest_documents(
     committed once all its parts are written (an interrupted one is begun again by the next run)."""
     check_chunk_tokens(chunk_tokens)
     check_dtype(dtype)  # before the model loads, not at the first write
+    check_prefill(prefill, window)
     lm = load_model(source, device)
+    reading = DocumentReading.of(lm, chunk_tokens, window) if prefill == "document" else None
     settings = StoreSettings(source=lm.name, source_fingerprint=lm.fingerprint, dtype=dtype,
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)
     started = time.perf_counter()
@@ -198,14 +213,20 @@ def _ingest_documents(
                 report.unchanged.append(key)
                 continue
             chunks = chunk_text(text, lm.count_tokens, chunk_tokens, token_ends=_token_ends(lm))
-            todo.append((key, sha, metadata, old is not None, chunks, [lm.count_tokens(c.text) for c in chunks]))
+            if reading is not None:
+                chunks = reading.tokens(lm, text, chunks)
+            todo.append((key, sha, metadata, old is not None, chunks,
+                         [len(c.token_ids) if isinstance(c, _ReadChunk) else lm.count_tokens(c.text) for c in chunks]))
         bar = _progress_bar(sum(sum(counts) for *_, counts in todo), lm, progress)
         # a GPU prefills a whole batch in one pass: a part holds at least one batch
         part_budget = max(PART_TOKENS, GPU_BATCH_TOKENS) if lm.device.type == "cuda" else PART_TOKENS
+        if reading is not None:
+            part_budget = min(part_budget, reading.part_tokens)
         for key, sha, metadata, existed, chunks, counts in todo:
             with st.document_writer(key, sha, metadata) as writer:
+                reader = reading.start(lm, tables) if reading is not None else None
                 for part, part_tokens in _parts(chunks, counts, part_budget):
-                    new = prefill_chunks(lm, tables, part)
+                    new = reader.read(part) if reader is not None else prefill_chunks(lm, tables, part)
                     vectors, sentences = embed_with_sentences([c.text for c in new])
                     for chunk, kept in zip(new, sentences):
                         chunk.sentences = kept
@@ -230,8 +251,122 @@ def _ingest_documents(
     return report
 
 
-# Source tokens prefilled and written to one KV file at a time: what a long document holds in memory at once.
+# Source tokens prefilled and written to one KV file at a time: what a long document holds in memory at once
+# (with document prefill, beside the window's KV).
 PART_TOKENS = 4096
+
+
+def check_prefill(prefill: str, window: int | None) -> None:
+    """Refuse an unknown `--prefill` or a `--window` below one, before any model loads."""
+    if prefill not in PREFILL_KINDS:
+        raise CagkitError(f"unknown --prefill '{prefill}'; use one of {', '.join(PREFILL_KINDS)}")
+    if window is not None and window < 1:
+        raise CagkitError(f"--window must be a number of tokens above 0, got {window}")
+
+
+@dataclass
+class _ReadChunk:
+    """A chunk with the source tokens the whole document's tokenisation gives it (`DocumentReading.tokens`)."""
+
+    text: str
+    char_start: int
+    char_end: int
+    token_ids: list[int]
+    offsets: list[tuple[int, int]]  # char spans within `text`, clipped to it
+    position: int  # its first token's index among the document's tokens
+
+
+@dataclass(frozen=True)
+class DocumentReading:
+    """How a source reads a document at ingest (`prefill="document"`): after the prompt prefix its questions come
+    under (`cagkit.generation.context_prefix`), over a window of `window` tokens."""
+
+    prefix_ids: tuple[int, ...]
+    window: int
+
+    @classmethod
+    def of(cls, lm, chunk_tokens: int, window: int | None) -> "DocumentReading":
+        from cagkit.generation import context_prefix
+        from cagkit.models.architecture import context_length
+
+        prefix = tuple(context_prefix(lm))
+        limit = context_length(lm.config) or DEFAULT_WINDOW_CAP
+        chosen = min(window or limit, limit)
+        # a part holds at least two chunks beside the prefix and the sink, whatever tokens a chunk gains from the
+        # text between chunks
+        least = len(prefix) + SINK_TOKENS + 4 * (chunk_tokens + 8)
+        if chosen < least:
+            raise CagkitError(f"--window {chosen} is too small for chunks of {chunk_tokens} tokens with {lm.name}; "
+                              f"use at least {least}, or smaller --chunk-tokens")
+        return cls(prefix, chosen)
+
+    @property
+    def part_tokens(self) -> int:
+        return max(1, (self.window - len(self.prefix_ids) - SINK_TOKENS) // 2)
+
+    def context(self, position: int) -> tuple[int, int, int, int]:
+        """A chunk's `NewChunk.context`: where it starts in the document, the prefix, the window and the sink."""
+        return (position, len(self.prefix_ids), self.window, SINK_TOKENS)
+
+    def tokens(self, lm, text: str, chunks: list[Chunk]) -> list[_ReadChunk]:
+        """`chunks` with the tokens of the whole `text` tokenised at once, each token given to the chunk that holds
+        its first non-blank character (a blank token to the chunk before it), so the chunks' tokens together are
+        exactly the document's and the text between chunks is read too. Where that leaves a chunk without
+        tokens (a token across a cut inside a word), each chunk's own tokens instead."""
+        import bisect
+
+        enc = lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = [c.char_start for c in chunks]
+        owned: list[list[int]] = [[] for _ in chunks]
+        for i, (a, b) in enumerate(enc["offset_mapping"]):
+            piece = text[a:b]
+            first = a + (len(piece) - len(piece.lstrip())) if piece.strip() else a
+            owned[max(0, bisect.bisect_right(starts, first) - 1)].append(i)
+        ids, spans = enc["input_ids"], enc["offset_mapping"]
+        if any(not o for o in owned):
+            own = [lm.tokenizer(c.text, add_special_tokens=False, return_offsets_mapping=True) for c in chunks]
+            pieces = [(e["input_ids"], [tuple(o) for o in e["offset_mapping"]]) for e in own]
+        else:
+            pieces = []
+            for c, o in zip(chunks, owned):
+                n = len(c.text)
+                pieces.append(([ids[i] for i in o],
+                               [(min(max(spans[i][0] - c.char_start, 0), n), min(max(spans[i][1] - c.char_start, 0), n))
+                                for i in o]))
+        out, position = [], 0
+        for c, (chunk_ids, offsets) in zip(chunks, pieces):
+            out.append(_ReadChunk(c.text, c.char_start, c.char_end, chunk_ids, offsets, position))
+            position += len(chunk_ids)
+        return out
+
+    def start(self, lm, tables) -> "_DocumentReader":
+        return _DocumentReader(self, DocumentPrefill(lm.model, list(self.prefix_ids), self.window, tables))
+
+
+# The window when a model's config names no context length.
+DEFAULT_WINDOW_CAP = 32768
+
+
+@dataclass
+class _DocumentReader:
+    """One document being read: each part's chunks prefilled in one pass after everything before them."""
+
+    reading: DocumentReading
+    prefill: DocumentPrefill
+
+    def read(self, part: list[_ReadChunk]) -> list[NewChunk]:
+        from cagkit.kv.chunk import ChunkKV
+
+        ids = [t for c in part for t in c.token_ids]
+        kv = self.prefill.add(ids)
+        out, at = [], 0
+        for c in part:
+            n = len(c.token_ids)
+            out.append(NewChunk(text=c.text, char_start=c.char_start, char_end=c.char_end, token_ids=c.token_ids,
+                                offsets=c.offsets, kv=ChunkKV(kv.keys[:, at:at + n], kv.values[:, at:at + n]),
+                                context=self.reading.context(c.position)))
+            at += n
+        return out
 
 
 def _token_ends(lm) -> Callable[[str], list[int]]:
@@ -314,7 +449,7 @@ def remove(paths: list[str | Path], store: str | Path = DEFAULT_STORE) -> list[s
 
 
 def repair(store: str | Path = DEFAULT_STORE, progress: bool = True, device: str | None = None,
-           wait: bool = False) -> tuple[dict, IngestReport]:
+           wait: bool = False, prefill: str = DEFAULT_PREFILL, window: int | None = None) -> tuple[dict, IngestReport]:
     """Rebuild what `Store.verify` finds damaged: each damaged document whose source file still exists is ingested
     again (with the store's own source model and settings), and the KV files cagkit wrote that no document uses
     are removed. Returns the verification before the repair and the ingest's report: `updated` the rebuilt
@@ -345,5 +480,5 @@ def repair(store: str | Path = DEFAULT_STORE, progress: bool = True, device: str
             report.orphans = st.removed
         return found, report
     _ingest_documents(texts, report, store, settings.source, settings.chunk_tokens, None, settings.dtype, progress,
-                      device, wait, rebuild={path for path, _, _ in texts})
+                      device, wait, rebuild={path for path, _, _ in texts}, prefill=prefill, window=window)
     return found, report

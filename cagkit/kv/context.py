@@ -112,14 +112,29 @@ class PromptSource(ContextSource):
 
 
 class NativePrefill(PromptSource):
-    """The chunks' whole text, as a target without cagkit would read it: the reference."""
+    """The chunks' whole text, as a target without cagkit would read it: the reference. With `store` (document
+    scope, `cagkit.ask.choose_scope`) and a target that is the store's source model, each document is read as the
+    source read it at ingest: its stored token ids, the text between its chunks included, so a document placed
+    from the store and this prefill hold the same tokens; other targets read the chunks' text."""
 
     mode = "native"
+
+    def __init__(self, store: Store | None = None) -> None:
+        self.store = store
 
     def settings(self, placement):
         return {}  # a native prefill places nothing
 
     def context_ids(self, lm, hits, question):
+        if self.store is not None and lm.fingerprint == self.store.settings.source_fingerprint:
+            separator = lm.tokenizer(CHUNK_SEPARATOR, add_special_tokens=False)["input_ids"]
+            ids, previous = [], None
+            for hit, chunk_ids in zip(hits, self.store.token_ids([h.chunk_id for h in hits])):
+                if previous is not None and hit.doc_path != previous:
+                    ids += separator
+                ids += chunk_ids
+                previous = hit.doc_path
+            return ids
         return lm.tokenizer(CHUNK_SEPARATOR.join(h.text for h in hits), add_special_tokens=False)["input_ids"]
 
 
@@ -154,16 +169,24 @@ class SelectedSentences(PromptSource):
         return lm.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def context_source(mode: str, lm: LoadedModel, store: Store, placement: Placement) -> ContextSource:
-    """The source of `lm`'s context for an answer in `mode` (one of `cagkit.config.ASK_MODES`) from `store`."""
+def owns_store(lm: LoadedModel, store: Store) -> bool:
+    """Whether `store` holds `lm`'s own KV (it was written by the same model), so `stored` reads it as it is."""
+    return lm.fingerprint == store.settings.source_fingerprint
+
+
+def context_source(mode: str, lm: LoadedModel, store: Store, placement: Placement,
+                   scope: str = "chunks") -> ContextSource:
+    """The source of `lm`'s context for an answer in `mode` (one of `cagkit.config.ASK_MODES`, `auto` resolved)
+    from `store`, placing whole documents or the retrieved chunks (`scope`)."""
     if mode == "native":
-        return NativePrefill()
+        return NativePrefill(store if scope == "document" else None)
     if mode == "select":
         return SelectedSentences(placement)
     if mode == "oracle":
         return ChunkAlonePrefill()
-    if lm.fingerprint == store.settings.source_fingerprint:
+    if owns_store(lm, store):
         return StoredKV()
+    kind = "mot" if mode == "stored" else mode  # `stored` translates through the pair's default translator
     if placement.recompute_layers == lm.num_layers:  # every layer the target's own: nothing to translate
-        return ChunkAlonePrefill(mode)
-    return TranslatedKV(mode, store, placement.recompute_layers)
+        return ChunkAlonePrefill(kind)
+    return TranslatedKV(kind, store, placement.recompute_layers)

@@ -1,5 +1,6 @@
-"""Prefill a model and capture its per-layer KV with RoPE removed (`ChunkKV`), alone, in a batch, or after
-the target's attention sink; and prefill a target-native prefix into a cache shaped by the model's config.
+"""Prefill a model and capture its per-layer KV with RoPE removed (`ChunkKV`), alone, in a batch, after the
+target's attention sink, or a document part after part as the model reads it (`DocumentPrefill`); and prefill a
+target-native prefix into a cache shaped by the model's config.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from cagkit.kv.chunk import ChunkKV
-from cagkit.kv.rope import RotaryTables, remove_rope
+from cagkit.kv.rope import RotaryTables, apply_rope, remove_rope
 from cagkit.models.architecture import decoder_stack
 from cagkit.models.device import model_device
 from cagkit.models.loading import LoadedModel
@@ -52,16 +53,17 @@ def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None, 
     return ChunkKV(keys[0], values[0])
 
 
-def _rope_free(cache: DynamicCache, tables: RotaryTables, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every cached layer's keys with RoPE removed (positions 0..length-1) and its values, in fp32:
-    [B, L, T, H, D] each."""
-    positions = torch.arange(length, device=device)
+def _rope_free(cache: DynamicCache, tables: RotaryTables, length: int, device, start: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every cached layer's keys of positions start..length-1 (cache entries of the same index) with RoPE removed
+    and their values, in fp32: [B, L, T, H, D] each."""
+    positions = torch.arange(start, length, device=device)
     keys, values = [], []
     for layer, cached in enumerate(cache.layers):
         cos, sin = tables(layer, positions)
-        k = cached.keys.transpose(1, 2).float()  # [B, H, T, D] -> [B, T, H, D]
+        k = cached.keys[:, :, start:].transpose(1, 2).float()  # [B, H, T, D] -> [B, T, H, D]
         keys.append(remove_rope(k, cos, sin))  # cos, sin [T, D] broadcast over the batch
-        values.append(cached.values.transpose(1, 2).float())
+        values.append(cached.values[:, :, start:].transpose(1, 2).float())
     return torch.stack(keys, 1), torch.stack(values, 1)
 
 
@@ -114,3 +116,120 @@ def chunk_alone_kv(lm: LoadedModel, text: str, layers: int | None = None) -> Chu
     ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
     kv = prefill_kv(lm.model, sink + ids, layers=layers)
     return ChunkKV(kv.keys[:, len(sink):], kv.values[:, len(sink):])
+
+
+# The document's first tokens kept as the attention sink once a document outgrows its window (StreamingLLM keeps 4).
+SINK_TOKENS = 4
+
+
+class DocumentPrefill:
+    """Prefill one document part after part, as the model reads it, and give each part's RoPE-free KV.
+
+    The prompt prefix `prefix_ids` (the chat header a question will be asked under) is prefilled first; then each
+    part, given by `add` in document order, attends to the prefix and every document token before it, causally,
+    up to `window` positions in all. Past the window the cache slides as StreamingLLM's does: the prefix and the
+    document's first `sink_tokens` tokens stay as the attention sink, the oldest of the others are dropped, and
+    the tokens kept sit at consecutive positions 0..K-1 (positions within the cache, not the text), the new part
+    at K.. . So memory holds at most `window` tokens of KV whatever the document's length. Within the window the
+    KV is the one a prefill of the prefix and the whole document in one pass gives, up to float rounding: for the
+    model that wrote it, the document's chunks placed at consecutive positions after the same prefix are native
+    prefill's cache.
+    """
+
+    def __init__(self, model, prefix_ids: list[int], window: int, tables: RotaryTables | None = None,
+                 sink_tokens: int = SINK_TOKENS) -> None:
+        if window < len(prefix_ids) + sink_tokens + 2:
+            raise ValueError(f"a window of {window} tokens leaves no room after the prefix and sink")
+        self.model = model
+        self.tables = tables or RotaryTables(model)
+        self.window = window
+        self.prefix_tokens = len(prefix_ids)
+        self.sink_tokens = sink_tokens
+        self.read = 0  # document tokens read so far
+        self.dropped = 0  # document tokens slid out of the window so far
+        self._sink: ChunkKV | None = prefill_kv(model, prefix_ids, self.tables) if prefix_ids else None
+        self._recent: ChunkKV | None = None  # the document tokens after the sink still in the window
+
+    @property
+    def room(self) -> int:
+        """The most tokens one part may have: half of what the window leaves after the sink."""
+        return max(1, (self.window - self.prefix_tokens - self.sink_tokens) // 2)
+
+    @torch.no_grad()
+    def add(self, input_ids: list[int]) -> ChunkKV:
+        """The RoPE-free KV [L, T, H, D] (fp32) of the next `input_ids` of the document."""
+        if not input_ids:
+            raise ValueError("a document part needs at least one token")
+        if len(input_ids) > self.room:
+            raise ValueError(f"a part of {len(input_ids)} tokens is over the {self.room} a window of {self.window} "
+                             f"allows")
+        device = model_device(self.model)
+        self._slide(len(input_ids))
+        kept = _cat(self._sink, self._recent)
+        start = kept.num_tokens if kept is not None else 0
+        cache = DynamicCache()  # config-less: every layer keeps what it is given; the model's mask does the windowing
+        if kept is not None:
+            dtype = next(self.model.parameters()).dtype
+            positions = torch.arange(start, device=device)
+            for layer in range(kept.keys.shape[0]):
+                cos, sin = self.tables(layer, positions)
+                k = apply_rope(kept.keys[layer].to(device), cos, sin)  # [K, H, D]
+                cache.update(k.transpose(0, 1)[None].to(dtype), kept.values[layer].to(device).transpose(0, 1)[None]
+                             .to(dtype), layer)
+        ids = torch.tensor([input_ids], dtype=torch.long, device=device)
+        positions = torch.arange(start, start + len(input_ids), device=device)
+        decoder_stack(self.model)(input_ids=ids, position_ids=positions[None], cache=cache, use_cache=True)
+        keys, values = _rope_free(cache, self.tables, start + len(input_ids), device, start)
+        new = ChunkKV(keys[0], values[0])
+        del cache
+        self._keep(new)
+        self.read += len(input_ids)
+        return new
+
+    def skip(self, kv: ChunkKV) -> None:
+        """Take the next part of the document as already read: `kv`, its RoPE-free KV [L, T, H, D] as `add` gave it
+        (read back from a store, where an interrupted ingest wrote it), enters the window as `add` would have put
+        it there, sliding the same way, with no forward pass. The parts after it then attend to it as if it had
+        been prefilled now (up to the store dtype's rounding, where it was stored below fp32)."""
+        n = kv.num_tokens
+        if n < 1:
+            raise ValueError("a document part needs at least one token")
+        if n > self.room:
+            raise ValueError(f"a part of {n} tokens is over the {self.room} a window of {self.window} allows")
+        held = self._sink if self._sink is not None else self._recent
+        if held is not None and (kv.keys.shape[0], *kv.keys.shape[2:]) != (held.keys.shape[0], *held.keys.shape[2:]):
+            raise ValueError(f"KV of shape {tuple(kv.keys.shape)} is not this model's: {held.keys.shape[0]} layers, "
+                             f"{tuple(held.keys.shape[2:])} heads and head size")
+        device = held.keys.device if held is not None else model_device(self.model)
+        self._slide(n)
+        self._keep(ChunkKV(kv.keys.to(device, torch.float32), kv.values.to(device, torch.float32)))
+        self.read += n
+
+    def _keep(self, new: ChunkKV) -> None:
+        """Add `new` to the window: its first tokens to the sink while the sink lacks them, the rest to `_recent`."""
+        sink_doc = min(self.read, self.sink_tokens)
+        to_sink = min(self.sink_tokens - sink_doc, new.num_tokens)
+        if to_sink:
+            head = ChunkKV(new.keys[:, :to_sink], new.values[:, :to_sink])
+            self._sink = _cat(self._sink, head)
+        if new.num_tokens > to_sink:
+            self._recent = _cat(self._recent, ChunkKV(new.keys[:, to_sink:], new.values[:, to_sink:]))
+
+    def _slide(self, incoming: int) -> None:
+        """Drop the oldest tokens after the sink until the window holds them and `incoming` more."""
+        if self._recent is None:
+            return
+        held = (self._sink.num_tokens if self._sink is not None else 0) + self._recent.num_tokens
+        over = held + incoming - self.window
+        if over <= 0:
+            return
+        over = min(over, self._recent.num_tokens)
+        self._recent = ChunkKV(self._recent.keys[:, over:].clone(), self._recent.values[:, over:].clone())
+        self.dropped += over
+
+
+def _cat(a: ChunkKV | None, b: ChunkKV | None) -> ChunkKV | None:
+    """Two RoPE-free KVs one after the other along the tokens; either may be None."""
+    if a is None or b is None:
+        return a if b is None else b
+    return ChunkKV(torch.cat([a.keys, b.keys.to(a.keys.device)], 1), torch.cat([a.values, b.values.to(a.values.device)], 1))

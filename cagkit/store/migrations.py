@@ -102,7 +102,22 @@ def m003_chunk_files_and_checksums(path: Path, conn: sqlite3.Connection) -> list
     return []
 
 
-MIGRATIONS: list[Migration] = [m001_create_tables, m002_sentence_embeddings, m003_chunk_files_and_checksums]
+def m004_document_prefill(path: Path, conn: sqlite3.Connection) -> list[str]:
+    """How each document was prefilled (`documents.prefill`: `document`, read whole as the model reads it, each
+    chunk's KV its slice of that cache, or `chunks`, each chunk alone) and the window it was read over
+    (`documents.window`, tokens; NULL for `chunks`). Every document stored before this migration had its chunks
+    prefilled alone, so it is recorded as `chunks`; its KV files are not touched."""
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(documents)").fetchall()}
+    with conn:
+        if "prefill" not in columns:
+            conn.execute("ALTER TABLE documents ADD COLUMN prefill TEXT NOT NULL DEFAULT 'chunks'")
+        if "window" not in columns:
+            conn.execute("ALTER TABLE documents ADD COLUMN window INTEGER")
+    return []
+
+
+MIGRATIONS: list[Migration] = [m001_create_tables, m002_sentence_embeddings, m003_chunk_files_and_checksums,
+                               m004_document_prefill]
 
 
 def sentence_tensors(index: int, sentences: tuple) -> dict:

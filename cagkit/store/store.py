@@ -9,7 +9,10 @@ Layout of a store directory:
     kv/<hash>-<write>.<part>.safetensors   per chunk i: `{i}.keys`, `{i}.values` [L, T, H, D] RoPE-free,
                         `{i}.token_ids` [T] int32, `{i}.offsets` [T, 2] int32 (char spans in the chunk text),
                         `{i}.sentences` [S, 2] int32 char spans of the chunk's sentences with
-                        `{i}.sentence_embeddings` [S, E] float16 (absent only where written without an embedder)
+                        `{i}.sentence_embeddings` [S, E] float16 (absent only where written without an embedder),
+                        `{i}.context` [4] int32 where the document was prefilled whole (`cagkit.kv.prefill.
+                        DocumentPrefill`): the chunk's first token's index among the document's tokens, the prompt
+                        prefix's length, the window and the sink; absent where the chunk was prefilled alone
 
 A document's chunks are written in parts of a few thousand tokens, one file each, as they are prefilled, so a
 book needs no more memory than a page. Every write of a document gets files of its own, never shared with
@@ -78,6 +81,8 @@ class Document:
     n_chunks: int
     n_tokens: int
     metadata: dict = field(default_factory=dict)  # the caller's, e.g. a LlamaIndex Document's metadata
+    prefill: str = "chunks"  # `document`: read whole, causally (each chunk's KV its slice); `chunks`: each alone
+    window: int | None = None  # with `document`: the tokens one token attended over at most
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,14 @@ class StoredChunk:
     kv: ChunkKV
     # its sentences' char spans [S, 2] and unit embeddings [S, E]; None in a store written without an embedder
     sentences: tuple[np.ndarray, np.ndarray] | None = None
+    # how it was prefilled: (first token's index in the document, prefix tokens, window, sink) when its document
+    # was read whole (`NewChunk.context`), None when it was prefilled alone
+    context: tuple[int, int, int, int] | None = None
+
+    @property
+    def position(self) -> int | None:
+        """Its first token's index among its document's tokens; None for a chunk prefilled alone."""
+        return self.context[0] if self.context is not None else None
 
 
 @dataclass
@@ -129,6 +142,8 @@ class NewChunk:
     offsets: list[tuple[int, int]]
     kv: ChunkKV
     sentences: tuple[np.ndarray, np.ndarray] | None = None  # sentence char spans [S, 2], embeddings [S, E]
+    # with document prefill: (first token's index in the document, prefix tokens, window, sink); None: alone
+    context: tuple[int, int, int, int] | None = None
 
 
 class DamagedManifestError(StoreError):
@@ -285,15 +300,16 @@ class SQLiteStore(Store):
 
     def documents(self) -> list[Document]:
         rows = self._conn.execute(
-            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens, metadata FROM documents ORDER BY path"
+            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens, metadata, prefill, window FROM documents ORDER BY path"
         ).fetchall()
-        return [Document(*row[:-1], _metadata(row[-1])) for row in rows]
+        return [Document(*row[:6], _metadata(row[6]), *row[7:]) for row in rows]
 
     def document(self, path: str) -> Document | None:
         row = self._conn.execute(
-            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens, metadata FROM documents WHERE path = ?", (path,)
+            "SELECT id, path, sha256, kv_file, n_chunks, n_tokens, metadata, prefill, window FROM documents "
+            "WHERE path = ?", (path,)
         ).fetchone()
-        return Document(*row[:-1], _metadata(row[-1])) if row else None
+        return Document(*row[:6], _metadata(row[6]), *row[7:]) if row else None
 
     def num_chunks(self) -> int:
         return self._conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
@@ -352,7 +368,8 @@ class SQLiteStore(Store):
             state = "ok" if self.is_intact(doc) else "damaged"
             documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
                               "kv_bytes": sum(_size(self.path / "kv" / f) for f in self.kv_files(doc)),
-                              "state": state, "metadata": doc.metadata})
+                              "state": state, "prefill": doc.prefill, "window": doc.window,
+                              "metadata": doc.metadata})
         manifest = self.path / "manifest.sqlite"
         return {
             "store": str(self.path), "settings": dict(self.settings.__dict__),
@@ -451,6 +468,27 @@ class SQLiteStore(Store):
             raise StoreError(f"document {path} is not in store {self.path}")
         return [r[0] for r in self._conn.execute("SELECT id FROM chunks WHERE doc_id = ? ORDER BY idx", (doc.id,))]
 
+    def document_hits(self, path: str) -> list[Hit]:
+        """Every chunk of one document as a `Hit` (score 0), in document order: what `--scope document` places."""
+        rows = self._conn.execute("SELECT c.id, c.idx, c.text, d.metadata FROM chunks c JOIN documents d ON "
+                                  "d.id = c.doc_id WHERE d.path = ? ORDER BY c.idx", (path,)).fetchall()
+        return [Hit(r[0], path, r[1], r[2], 0.0, _metadata(r[3])) for r in rows]
+
+    def token_ids(self, chunk_ids: list[int]) -> list[list[int]]:
+        """Each chunk's source token ids, read from its KV file without its KV: the text exactly as the source read
+        it (with document prefill, the text between chunks too). A missing chunk is a `ChunkGoneError`."""
+        out = []
+        for chunk_id in chunk_ids:
+            row = self._conn.execute("SELECT kv_file, idx FROM chunks WHERE id = ?", (chunk_id,)).fetchone()
+            if row is None or row[0] is None:
+                raise _gone(chunk_id, self.path)
+            try:
+                out.append(chunk_token_ids(KVFile(self.path / "kv" / row[0]), row[1]))
+            except DamagedFile as exc:
+                raise DamagedChunkError(f"KV file {self.path / 'kv' / row[0]} is damaged ({exc}); run `cagkit store "
+                                        f"repair --store {self.path}`", "", row[1]) from None
+        return out
+
     def load_chunk(self, chunk_id: int) -> StoredChunk:
         """A chunk's text and KV, its tensors read alone from its KV file and checked against the checksum
         recorded when they were written; a `DamagedChunkError` names the document and how to rebuild it."""
@@ -543,6 +581,7 @@ class DocumentWriter:
         self._files: list[str] = []
         self._rows: list[tuple] = []
         self._committed = False
+        self.prefill, self.window = "chunks", None  # set by the first chunks added (`NewChunk.context`)
 
     def __enter__(self):
         return self
@@ -562,6 +601,8 @@ class DocumentWriter:
             return
         st = self.store
         first = len(self._rows)
+        if not first and chunks[0].context is not None:
+            self.prefill, self.window = "document", chunks[0].context[2]
         tensors = chunk_tensors(chunks, first, st.settings.dtype)
         name = f"{self.sha256[:16]}-{self._write}.{len(self._files):05d}.safetensors"
         while not st._record_file(name):  # a name in use (as likely as two equal random draws): draw again
@@ -595,10 +636,11 @@ class DocumentWriter:
                 conn.execute("DELETE FROM chunks WHERE doc_id = ?", (old.id,))
                 conn.execute("DELETE FROM documents WHERE id = ?", (old.id,))
             cur = conn.execute(
-                "INSERT INTO documents (path, sha256, kv_file, n_chunks, n_tokens, ingested_at, metadata) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO documents (path, sha256, kv_file, n_chunks, n_tokens, ingested_at, metadata, prefill, "
+                "window) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (self.path, self.sha256, self._files[0] if self._files else "", len(self._rows),
-                 sum(r[4] for r in self._rows), time.time(), json.dumps(self.metadata) if self.metadata else None),
+                 sum(r[4] for r in self._rows), time.time(), json.dumps(self.metadata) if self.metadata else None,
+                 self.prefill, self.window),
             )
             conn.executemany(
                 "INSERT INTO chunks (doc_id, idx, text, char_start, char_end, n_tokens, embedding, kv_file, checksum) "
@@ -630,6 +672,8 @@ def chunk_tensors(chunks: list[NewChunk], first: int, dtype: str) -> dict:
         tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)
         if c.sentences is not None:
             tensors.update(migrations.sentence_tensors(i, c.sentences))
+        if c.context is not None:
+            tensors[f"{i}.context"] = torch.tensor(c.context, dtype=torch.int32)
     return tensors
 
 
@@ -666,6 +710,17 @@ def chunk_problems(n_chunks: int, rows, open_file, checksums: bool) -> list[str]
     return problems
 
 
+def chunk_token_ids(file: KVFile, idx: int) -> list[int]:
+    """Chunk `idx`'s `token_ids` tensor alone from an open KV file (not checked against the chunk's checksum,
+    which covers all its tensors: a damaged file is found where the chunk's KV is read)."""
+    name = f"{idx}.token_ids"
+    if name not in file.tensors:
+        raise DamagedFile(f"chunk {idx} lacks its token_ids")
+    dtype, shape, begin, end = file.tensors[name]
+    (buf,) = file._read([(begin, end)])
+    return to_torch(dtype, shape, buf).tolist()
+
+
 def read_chunk(open_file, file_label, store, chunk_id: int, doc_path: str, idx: int, text: str,
                checksum: str | None) -> StoredChunk:
     """Chunk `idx` of the KV file `open_file()` opens, checked against `checksum` (None: none was recorded), as a
@@ -690,8 +745,9 @@ def read_chunk(open_file, file_label, store, chunk_id: int, doc_path: str, idx: 
     sentences = None
     if "sentences" in t:
         sentences = (t["sentences"].numpy(), t["sentence_embeddings"].float().numpy())
+    context = tuple(int(x) for x in t["context"].tolist()) if "context" in t else None
     return StoredChunk(chunk_id, doc_path, idx, text, t["token_ids"].tolist(), t["offsets"],
-                       ChunkKV(t["keys"], t["values"]), sentences)
+                       ChunkKV(t["keys"], t["values"]), sentences, context)
 
 
 def is_store(location: str | Path) -> bool:

@@ -33,7 +33,7 @@ def _error_line(capsys) -> str:
     return err[0]
 
 
-def test_ask_json_prints_one_object_on_the_last_line(store, capsys):
+def test_ask_json_prints_one_object_on_the_last_line(store, capsys, tiny_gemma):
     capsys.readouterr()
     assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-llama",
                  "--top-k", "1", "--max-new-tokens", "5", "--mode", "mot", "--json"]) == 0
@@ -48,8 +48,14 @@ def test_ask_json_prints_one_object_on_the_last_line(store, capsys):
                 mode="mot")
     assert again.answer == result["answer"]
     assert result["timings"]["ttft_ms"] <= result["timings"]["total_ms"]
-    # by default the model reads the question's sentences, not the stored KV
+    # by default the store's own model reads its stored KV, whole documents where they fit...
     assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-llama",
+                 "--top-k", "1", "--max-new-tokens", "5", "--json"]) == 0
+    own = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (own["mode"], own["scope"], own["placement"]["blend"]) == ("reuse", "document", 0.0)
+    assert own["documents"] == [result["sources"][0]["document"]]
+    # ...and another target reads the question's sentences, not the stored KV
+    assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-gemma",
                  "--top-k", "1", "--max-new-tokens", "5", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mode"] == "select"
 
@@ -60,7 +66,19 @@ def test_ask_streams_the_answer_then_sources_and_timings(store, capsys):
                  "--max-new-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "sources:" in out and "notes.md" in out and "first token" in out
-    assert "context tokens by hybrid retrieval: retrieve" in out
+    assert "context tokens (1 whole document) by hybrid retrieval: retrieve" in out
+    capsys.readouterr()
+    assert main(["ask", "Where can a chunk be placed?", "--store", str(store), "--model", "tiny-llama",
+                 "--max-new-tokens", "4", "--scope", "chunks"]) == 0
+    assert "context tokens (retrieved chunks) by hybrid retrieval" in capsys.readouterr().out
+
+
+def test_a_bad_scope_is_one_line_before_any_model_loads(store, capsys, monkeypatch):
+    import cagkit.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    assert main(["ask", "q", "--store", str(store), "--scope", "page"]) == 2
+    assert "unknown --scope 'page'; use one of auto, document, chunks" in _error_line(capsys)
 
 
 def test_ask_times_the_repair_apart_within_the_placement(store, capsys, monkeypatch):
@@ -106,7 +124,8 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
 
     monkeypatch.setattr(ask_module, "blend_chunks", spy)
     question = "Where can a chunk be placed?"
-    base = ["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6", "--mode", "mot"]
+    base = ["ask", question, "--store", str(store), "--model", "tiny-llama", "--max-new-tokens", "6", "--mode", "mot",
+            "--scope", "chunks"]
 
     def run(*options, json_out=True):
         capsys.readouterr()
@@ -119,13 +138,14 @@ def test_ask_blend_reaches_the_placement(store, capsys, monkeypatch):
     assert result["placement"] == {"recompute_layers": 0, "blend": 0.15, "blend_select": "question"}
     (ratio, priority), = calls
     assert ratio == 0.15 and len(priority) == result["context_tokens"]
-    assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6, mode="mot").answer
+    assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6, mode="mot",
+                                   scope="chunks").answer
     assert "(reuse, blend 0.15 by question), " in run(json_out=False)
 
     result = run("--blend", "0.5", "--blend-select", "deviation")
     assert result["placement"]["blend"] == 0.5 and calls[-1] == (0.5, None)  # CacheBlend's selection
     assert result["answer"] == ask(question, store=store, model="tiny-llama", max_new_tokens=6, blend=0.5,
-                                   blend_select="deviation", mode="mot").answer
+                                   blend_select="deviation", mode="mot", scope="chunks").answer
     assert "(reuse, blend 0.5), " in run("--blend", "0.5", "--blend-select", "deviation", json_out=False)
 
     count = len(calls)
@@ -426,6 +446,7 @@ def test_command_defaults_are_the_configuration_centres(monkeypatch, tmp_path):
         DEFAULT_MAX_NEW_TOKENS,
         DEFAULT_MODE,
         DEFAULT_MODEL,
+        DEFAULT_SCOPE,
         DEFAULT_TOP_K,
         Placement,
         TrainSettings,
@@ -434,7 +455,9 @@ def test_command_defaults_are_the_configuration_centres(monkeypatch, tmp_path):
     ask_args = build_parser().parse_args(["ask", "q"])
     assert (ask_args.model, ask_args.top_k, ask_args.mode, ask_args.max_new_tokens) == (
         DEFAULT_MODEL, DEFAULT_TOP_K, DEFAULT_MODE, DEFAULT_MAX_NEW_TOKENS)
-    assert Placement(ask_args.recompute_layers, ask_args.blend, ask_args.blend_select) == Placement()
+    # --blend unset: the scope's default (`cagkit.ask.default_blend`), Placement's for chunks
+    assert Placement(ask_args.recompute_layers, Placement.blend, ask_args.blend_select) == Placement()
+    assert ask_args.blend is None and ask_args.scope == DEFAULT_SCOPE
     eval_args = build_parser().parse_args(["eval", "--data", "d.json", "--target", "t"])
     assert (tuple(eval_args.methods.split(",")), eval_args.top_k, eval_args.max_new_tokens) == (
         DEFAULT_EVAL_METHODS, DEFAULT_TOP_K, DEFAULT_EVAL_MAX_NEW_TOKENS)

@@ -43,8 +43,10 @@ def _ingest(docs, store, **kw):
 
 
 def test_ingest_stores_rope_free_kv_that_matches_a_fresh_prefill(tiny_llama, docs, tmp_path):
+    """With `--prefill chunks`, as stores were written before document caches: each chunk alone at 0..T-1.
+    tests/kv/test_document.py checks the default, documents prefilled whole."""
     store = tmp_path / "store"
-    report = _ingest(docs, store)
+    report = _ingest(docs, store, prefill="chunks")
     assert len(report.added) == 2 and report.chunks == 4
     with Store.open(store) as st:
         assert st.settings.source_fingerprint == "tiny-llama-fp"
@@ -58,6 +60,7 @@ def test_ingest_stores_rope_free_kv_that_matches_a_fresh_prefill(tiny_llama, doc
         # offsets are char spans of the source tokens inside the chunk text
         start, end = chunk.offsets[-1].tolist()
         assert chunk.text[start:end].strip() == "."
+        assert chunk.context is None and doc.prefill == "chunks"
 
 
 def test_store_files_are_as_readable_as_the_umask_allows(tiny_llama, docs, tmp_path):
