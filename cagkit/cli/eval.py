@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cagkit.cli.options import add_device_options, add_placement_options, add_retrieval_option
+from cagkit.cli.options import add_device_options, add_placement_options, add_retrieval_option, add_scope_option
 from cagkit.config import (
     DEFAULT_CHUNK_TOKENS,
+    DEFAULT_PREFILL,
     DEFAULT_EVAL_MAX_NEW_TOKENS,
     DEFAULT_EVAL_METHODS,
     DEFAULT_SOURCE,
     DEFAULT_TOP_K,
     EVAL_METHODS,
+    PREFILL_KINDS,
 )
 from cagkit.evaluation.datasets import FORMATS
 
@@ -26,11 +28,13 @@ def add_parser(sub) -> None:
     p.add_argument("--source", default=DEFAULT_SOURCE, help="model that ingests the documents (default: %(default)s)")
     p.add_argument("--target", required=True, help="model that answers")
     p.add_argument("--methods", default=",".join(DEFAULT_EVAL_METHODS),
-                   help=f"comma-separated, of {', '.join(EVAL_METHODS)} (default: %(default)s)")
+                   help=f"comma-separated, of {', '.join(EVAL_METHODS)}, each optionally with its own scope, as "
+                        "native@chunks (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="chunks to retrieve (default: %(default)s)")
     p.add_argument("--full-context", action="store_true", help="give every method the whole context, no retrieval")
     add_retrieval_option(p)
+    add_scope_option(p)
     add_placement_options(p)
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_EVAL_MAX_NEW_TOKENS, help="longest answer in tokens (default: %(default)s)")
     p.add_argument("--store", default=None,
@@ -39,6 +43,9 @@ def add_parser(sub) -> None:
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
                    help="most source tokens per chunk of that store (default: %(default)s; another size gets its "
                         "own default store and results file, ending in -c<size>)")
+    p.add_argument("--prefill", default=DEFAULT_PREFILL, choices=list(PREFILL_KINDS),
+                   help="how that store's documents are prefilled, if new (`cagkit ingest --prefill`; default: "
+                        "%(default)s)")
     p.add_argument("--out", default=None, help="results JSON (default: results/<data>-<source>-<target>.json)")
     add_device_options(p)
     p.set_defaults(func=run_eval)
@@ -65,7 +72,8 @@ def run_eval(args) -> int:
                           limit=args.limit, top_k=args.top_k, full_context=args.full_context, out=args.out,
                           data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store,
                           chunk_tokens=args.chunk_tokens, recompute_layers=args.recompute_layers, blend=args.blend,
-                          blend_select=args.blend_select, device=args.device, retrieval=args.retrieval)
+                          blend_select=args.blend_select, device=args.device, retrieval=args.retrieval,
+                          scope=args.scope, prefill=args.prefill)
     print(f"wrote {out}")
     return 0
 

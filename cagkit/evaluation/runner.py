@@ -42,9 +42,12 @@ from pathlib import Path
 
 import torch
 
-from cagkit.ask import answer_from_chunks, build_context_cache
+from cagkit.ask import answer_from_chunks, build_context_cache, check_scope, choose_scope, default_blend
 from cagkit.config import (
     DEFAULT_CHUNK_TOKENS,
+    DEFAULT_PREFILL,
+    DEFAULT_SCOPE,
+    DOCUMENT_BUDGET,
     DEFAULT_EVAL_MAX_NEW_TOKENS,
     DEFAULT_EVAL_METHODS,
     DEFAULT_MODEL,
@@ -57,6 +60,7 @@ from cagkit.config import (
     Placement,
 )
 from cagkit.errors import CagkitError
+from cagkit.generation import context_room, prompt_parts
 from cagkit.evaluation.datasets import Example, detect_format, load_examples
 from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest.chunking import check_chunk_tokens
@@ -94,6 +98,8 @@ def run_eval(
     blend_select: str = Placement.blend_select,
     device: str | None = None,
     retrieval: str = DEFAULT_RETRIEVAL,
+    scope: str = DEFAULT_SCOPE,
+    prefill: str = DEFAULT_PREFILL,
 ) -> Path:
     """Evaluate `methods` on the questions of `data` and write the results JSON; returns its path.
 
@@ -101,7 +107,8 @@ def run_eval(
         data: a data set file in one of `cagkit.evaluation.datasets.FORMATS`.
         source: the model that prefills the documents into the store.
         target: the model that answers (every method but `source`).
-        methods: any of native, none, select, source, linear, projector, mot, oracle.
+        methods: any of `cagkit.config.EVAL_METHODS` (native, none, select, source, stored, linear, projector,
+            mot, mot-placed, oracle), each optionally with its own scope, as `native@chunks` (`scope` otherwise).
         limit: the first `limit` questions only (all if None).
         top_k: chunks retrieved per question, from that question's own documents.
         full_context: give every method all chunks of the question's documents instead of retrieving.
@@ -113,16 +120,24 @@ def run_eval(
         recompute_layers: translated methods get the target's own bottom this many layers (`cagkit.ask`).
         blend: every method that places chunks (all but native, none and select) has this share of the context
             tokens recomputed across chunks (`cagkit.kv.repair`); 0 places them as stored. `select` prefills the
-            sentences of this share of the context tokens (and is skipped, with the reason recorded, at 0).
+            sentences of this share of the context tokens (and is skipped, with the reason recorded, at 0). None:
+            `cagkit.ask.default_blend` of the scope each question is placed at (0 for whole documents).
         blend_select: which tokens the blend recomputes (`Placement.blend_select`).
         device: where both models run (`cagkit.models.resolve_device`); recorded in the results as `device`.
             A run may be resumed on another device, but its time-to-first-token figures then mix the two.
         retrieval: how each question's chunks are ranked (`cagkit.retrieval`: hybrid, dense or lexical); no
             effect with `full_context`. Results files written before it was an option used `dense`.
+        scope: what every method reads (`cagkit.ask.choose_scope`): the retrieved chunks' documents whole
+            (`document`), the chunks (`chunks`), or documents where they fit (`auto`); so `native` prefills the
+            text the stored methods place. Each record says the scope it was answered at. Results files written
+            before it was an option read `chunks`.
+        prefill: how a new store's documents are prefilled (`cagkit.ingest.ingest`).
         The three placement options and the retrieval are recorded in the settings, and a results file is
         resumed only by a run with the same ones.
     """
-    placement = Placement(recompute_layers, blend, blend_select)
+    placement = Placement(recompute_layers, Placement.blend if blend is None else blend, blend_select)
+    blend_given = blend is not None
+    check_scope(scope)
     methods = _check_methods(methods)
     check_retrieval(retrieval)
     if top_k < 1:
@@ -142,40 +157,44 @@ def run_eval(
     _log(f"ingesting {len(documents)} documents with {source} into {store_path}")
     # runs over the same data share its store: one started while another ingests waits for it
     ingest(documents, store=store_path, source=source, chunk_tokens=chunk_tokens, progress=True, device=device,
-           wait=True)
+           wait=True, prefill=prefill)
     source_lm, target_lm = load_model(source, device), load_model(target, device)
 
     with Store.open(store_path) as st:
         settings = {"top_k": top_k, "full_context": full_context, "limit": limit, "max_new_tokens": max_new_tokens,
                     "chunk_tokens": st.settings.chunk_tokens, "store_dtype": st.settings.dtype,
-                    "store": str(store_path), "retrieval": retrieval}
+                    "store": str(store_path), "retrieval": retrieval, "scope": scope}
         settings.update(placement.settings())
+        if not blend_given:
+            settings["blend_by_scope"] = True  # 0 at document scope for the methods that place KV
         results = {
             "dataset": str(data), "format": data_format, "source": source_lm.name, "target": target_lm.name,
             "fingerprints": {"source": source_lm.fingerprint, "target": target_lm.fingerprint},
             "settings": settings,
             "command": _command(data, data_format, source, target, methods, limit, top_k, full_context,
-                                max_new_tokens, store, out, placement, chunk_tokens, retrieval),
+                                max_new_tokens, store, out, placement, chunk_tokens, retrieval, scope, blend_given),
             "ttft": "from after retrieval to the first answer token's logits",
             "device": str(target_lm.device),
             "complete": False,
             "methods": {},
         }
         previous = _load_previous(out, results)
-        models = {m: source_lm if m == "source" else target_lm for m in methods}
+        models = {m: source_lm if _base(m) == "source" else target_lm for m in methods}
         stored_bytes = KV_DTYPES[st.settings.dtype]
         about = {m: {"model": models[m].name,
-                     "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if m in TARGET_NATIVE
+                     "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if _base(m) in TARGET_NATIVE
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
         for m in methods:  # a method that places chunks otherwise than the run's settings say records how
             if (own := _placement(m, placement)) != placement:
                 about[m]["placement"] = own.settings()
-        errors = {m: e for m in methods if (e := _method_problem(m, models[m], st, placement))}
+            if _own_scope(m):
+                about[m]["scope"] = _own_scope(m)
+        errors = {m: e for m in methods if (e := _method_problem(_base(m), models[m], st, placement))}
         for m, message in errors.items():
             _log(f"{m}: skipped: {message}")
         active = [m for m in methods if m not in errors]
         for m in active:
-            if digest := _translator_digest(m, models[m], st):
+            if digest := _translator_digest(_base(m), models[m], st):
                 about[m]["translator"] = digest
                 if m in previous and previous[m].get("translator") != digest:
                     _log(f"{m}: the translator changed since {out} was written; answering every question again")
@@ -183,13 +202,15 @@ def run_eval(
         # Methods of the earlier run that this one does not run keep their records (and are re-summarised).
         for m, entry in previous.items():
             if m not in methods and "examples" in entry:
-                about[m] = {k: entry[k] for k in ("model", "kv_bytes_per_token", "translator", "placement")
+                about[m] = {k: entry[k] for k in ("model", "kv_bytes_per_token", "translator", "placement", "scope")
                             if k in entry}
         records = {m: list(previous.get(m, {}).get("examples", [])) for m in about if m not in errors}
         # The command that reproduces the whole file: every method it holds, not only this run's.
-        held = [m for m in EVAL_METHODS if m in about]
+        held = [m for m in EVAL_METHODS if m in about] + [m for m in about if m not in EVAL_METHODS]
         results["command"] = _command(data, data_format, source, target, held, limit, top_k, full_context,
-                                      max_new_tokens, store, out, placement, chunk_tokens, retrieval)
+                                      max_new_tokens, store, out, placement, chunk_tokens, retrieval, scope,
+                                      blend_given)
+        budget = min(DOCUMENT_BUDGET, context_room(target_lm, *prompt_parts(target_lm, "?"), max_new_tokens))
         done = {m: {r["id"] for r in records[m]} for m in active}
 
         for number, (example, paths) in enumerate(zip(examples, doc_paths), start=1):
@@ -199,8 +220,12 @@ def run_eval(
             hits = example_hits(st, example.question, paths, top_k, full_context, retrieval)
             line = []
             for m in todo:
-                record = evaluate_example(models[m], st, [] if m == "none" else hits, example, _mode(m),
-                                          max_new_tokens, _placement(m, placement))
+                placed, used, _ = choose_scope(st, [] if _base(m) == "none" else hits, _own_scope(m) or scope, budget)
+                own = _placement(m, placement)
+                if not blend_given:
+                    own = replace(own, blend=default_blend(_mode(m), used)).effective() if own.blend else own
+                record = evaluate_example(models[m], st, placed, example, _mode(m), max_new_tokens, own, used)
+                record["scope"] = used
                 records[m].append(record)
                 done[m].add(example.id)
                 line.append(f"{m} {_quality_text(record)} {record['ttft_ms']:.0f} ms")
@@ -252,11 +277,13 @@ def example_hits(store: Store, question: str, doc_paths: list[str], top_k: int, 
 
 
 def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str,
-                     max_new_tokens: int, placement: Placement = Placement()) -> dict:
-    """One method's record for one question: its prediction, scores and timings."""
+                     max_new_tokens: int, placement: Placement = Placement(), scope: str = "chunks") -> dict:
+    """One method's record for one question: its prediction, scores and timings. `scope`: whether `hits` are
+    whole documents (`cagkit.ask.choose_scope`)."""
     if example.choices is not None:
-        return _closed_set_record(lm, store, hits, example, mode, placement)
-    answer = answer_from_chunks(lm, store, hits, example.question, mode, max_new_tokens, placement=placement)
+        return _closed_set_record(lm, store, hits, example, mode, placement, scope)
+    answer = answer_from_chunks(lm, store, hits, example.question, mode, max_new_tokens, placement=placement,
+                                scope=scope)
     return {
         "id": example.id,
         "prediction": answer.answer,
@@ -270,9 +297,9 @@ def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Ex
 
 
 def _closed_set_record(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str,
-                       placement: Placement = Placement()) -> dict:
+                       placement: Placement = Placement(), scope: str = "chunks") -> dict:
     started = time.perf_counter()
-    context = build_context_cache(lm, store, hits, example.question, mode, placement)
+    context = build_context_cache(lm, store, hits, example.question, mode, placement, scope)
     scores, first_token_at = score_choices(lm, context, example.choices)
     chosen = max(range(len(scores)), key=scores.__getitem__)
     return {
@@ -372,16 +399,27 @@ def _recovery(records: list[dict], native: list[dict] | None) -> float | None:
 
 def _check_methods(methods: list[str]) -> list[str]:
     methods = list(dict.fromkeys(m.strip() for m in methods if m.strip()))
-    unknown = [m for m in methods if m not in EVAL_METHODS]
+    unknown = [m for m in methods if _base(m) not in EVAL_METHODS or _own_scope(m) not in (None, "document", "chunks")]
     if unknown or not methods:
         raise CagkitError(f"unknown --methods {', '.join(unknown) or '(none given)'}; "
-                          f"use any of {', '.join(EVAL_METHODS)}")
+                          f"use any of {', '.join(EVAL_METHODS)}, each optionally with @document or @chunks")
     return methods
+
+
+def _base(method: str) -> str:
+    """A method without its own scope: `native@chunks` -> `native`."""
+    return method.split("@", 1)[0]
+
+
+def _own_scope(method: str) -> str | None:
+    """The scope a method names for itself (`native@chunks` -> `chunks`), or None: the run's."""
+    return method.split("@", 1)[1] if "@" in method else None
 
 
 def _mode(method: str) -> str:
     """The `answer_from_chunks` mode of a method (for a translated one, its translator's kind): the source reuses
     its own cache through the `mot` path, and `mot-placed` is `mot` with another placement."""
+    method = _base(method)
     if method in ("native", "none"):
         return "native"
     return "mot" if method in ("source", "mot-placed") else method
@@ -389,7 +427,7 @@ def _mode(method: str) -> str:
 
 def _placement(method: str, placement: Placement) -> Placement:
     """The placement a method answers with: the run's, except `mot-placed`, which never blends."""
-    return replace(placement, blend=0.0).effective() if method == "mot-placed" else placement
+    return replace(placement, blend=0.0).effective() if _base(method) == "mot-placed" else placement
 
 
 def _method_problem(method: str, lm: LoadedModel, store: Store, placement: Placement) -> str | None:
@@ -443,6 +481,7 @@ def _identity(results: dict) -> dict:
     recorded = results.get("settings") or {}
     settings = {k: v for k, v in recorded.items() if k not in _RESUMABLE_CHANGES and k not in PLACEMENT_FIELDS}
     settings["retrieval"] = None if settings.get("full_context") else settings.get("retrieval", "dense")
+    settings.setdefault("scope", "chunks")  # files written before --scope placed the retrieved chunks
     keys = ("dataset", "format", "source", "target", "fingerprints")
     return {**{k: results.get(k) for k in keys}, **settings, **Placement.from_settings(recorded).effective().settings()}
 
@@ -462,7 +501,7 @@ def documents_dir(store: Path) -> Path:
 
 def _command(data, data_format, source, target, methods, limit, top_k, full_context, max_new_tokens, store,
              out, placement: Placement = Placement(), chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-             retrieval: str = DEFAULT_RETRIEVAL) -> str:
+             retrieval: str = DEFAULT_RETRIEVAL, scope: str = DEFAULT_SCOPE, blend_given: bool = True) -> str:
     args = ["cagkit", "eval", "--data", str(data), "--format", data_format, "--source", source, "--target", target,
             "--methods", ",".join(methods), "--top-k", str(top_k), "--max-new-tokens", str(max_new_tokens)]
     if chunk_tokens != DEFAULT_CHUNK_TOKENS:
@@ -475,7 +514,12 @@ def _command(data, data_format, source, target, methods, limit, top_k, full_cont
         args += ["--retrieval", retrieval]
     if store is not None:
         args += ["--store", str(store)]
-    args += placement.cli_args()
+    if scope != DEFAULT_SCOPE:
+        args += ["--scope", scope]
+    placed = placement.cli_args()
+    if blend_given and "--blend" not in placed:
+        placed += ["--blend", f"{placement.blend:g}"]
+    args += placed
     return shlex.join(args + ["--out", str(out)])
 
 

@@ -83,8 +83,8 @@ def ingest(
             the source's context length. Past it the cache slides, keeping the document's first tokens as the
             attention sink (`cagkit.kv.prefill.DocumentPrefill`).
 
-    Unchanged files (same content hash, stored chunks matching their checksums) are skipped; a file that cannot
-    be read is skipped with a warning and listed in the report. Each document is committed on its own, so an
+    Unchanged files (same content hash, stored chunks matching their checksums, prefilled the same way over the
+    same window) are skipped; a file that cannot be read is skipped with a warning and listed in the report. Each document is committed on its own, so an
     interrupted run keeps what it finished and the next run does the rest (a long document it was writing is
     begun again).
     """
@@ -208,8 +208,9 @@ def _ingest_documents(
         for key, text, metadata in docs:
             sha = hashlib.sha256(text.encode()).hexdigest()
             old = st.document(key)
+            read_as = (prefill, reading.window if reading is not None else None)
             if (key not in rebuild and old is not None and old.sha256 == sha and old.metadata == (metadata or {})
-                    and st.is_intact(old, checksums=True)):
+                    and (old.prefill, old.window) == read_as and st.is_intact(old, checksums=True)):
                 report.unchanged.append(key)
                 continue
             chunks = chunk_text(text, lm.count_tokens, chunk_tokens, token_ends=_token_ends(lm))
