@@ -1,9 +1,9 @@
-# Two commands for a new machine:  `make demo` (set up, ingest the example docs with smollm2, ask qwen natively,
-# from the question's sentences alone, the default, and from the translated store) and `make test`.
+# Two commands for a new machine:  `make demo` (set up, ingest the example docs with qwen, ask qwen from its own
+# stored documents, the default, then natively, then from the question's sentences alone) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STORE ?= stores/examples
+STORE ?= stores/examples-qwen
 QUESTION ?= How does cagkit make a stored chunk usable at any position in the prompt?
 
 .PHONY: setup setup-qwen-1.5b demo test bench clean
@@ -26,10 +26,10 @@ setup-qwen-1.5b: setup
 	$(BIN)/cagkit models --convert qwen-1.5b
 
 demo: setup
-	$(BIN)/cagkit ingest examples/docs --store $(STORE)
-	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode native "$(QUESTION)"
+	$(BIN)/cagkit ingest examples/docs --store $(STORE) --source qwen
 	$(BIN)/cagkit ask --store $(STORE) --model qwen "$(QUESTION)"
-	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode mot "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode native "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode select "$(QUESTION)"
 
 test: setup
 	$(BIN)/python -m pytest -q

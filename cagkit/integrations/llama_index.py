@@ -43,16 +43,28 @@ from llama_index.core.schema import (
 )
 from llama_index.core.settings import Settings
 
-from cagkit.ask import MODES, Answer, Placement, answer_from_chunks
+from cagkit.ask import (
+    MODES,
+    Answer,
+    Placement,
+    answer_from_chunks,
+    check_scope,
+    choose_scope,
+    default_blend,
+    resolve_mode,
+)
 from cagkit.config import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_MODE,
     DEFAULT_MODEL,
     DEFAULT_RETRIEVAL,
+    DEFAULT_SCOPE,
     DEFAULT_STORE,
     DEFAULT_TOP_K,
+    DOCUMENT_BUDGET,
 )
 from cagkit.errors import CagkitError
+from cagkit.generation import context_room, prompt_parts
 from cagkit.ingest.pipeline import IngestReport, ingest_texts
 from cagkit.kv.context import SelectedSentences
 from cagkit.models.loading import load_model
@@ -120,17 +132,16 @@ class CAGRetriever(BaseRetriever):
 
 
 class CAGQueryEngine(BaseQueryEngine):
-    """Answers with `model` from the retrieved chunks: `cagkit.ask` as a LlamaIndex query engine. By default
-    (`select`) the model prefills the chunks' sentences closest to the question; `mode="mot"` answers from the
-    chunks' stored KV caches (translated when `model` is not the store's source model).
+    """Answers with `model` from the retrieved chunks or their documents: `cagkit.ask` as a LlamaIndex query
+    engine. By default (`auto`) the model answers from the stored KV where the store holds its own (whole
+    documents where they fit), and from the chunks' sentences closest to the question elsewhere (`select`).
 
     Args:
         retriever: gives the nodes; any retriever whose nodes come from the cagkit store (a CAGRetriever, or one
             that combines CAGRetrievers).
         model: the target model (alias, Hugging Face id or model directory).
-        mode: where the target's context comes from: `select` (the default: only the question's sentences,
-            prefilled natively, no stored KV read), `mot`, `linear`, `projector`, `native` or `oracle`, as for
-            `cagkit.ask`.
+        mode: where the target's context comes from: `auto` (the default), `stored` (`mot`), `select`, `linear`,
+            `projector`, `native` or `oracle`, as for `cagkit.ask`.
         max_new_tokens: the longest answer, in tokens.
         streaming: `query` returns a StreamingResponse whose `response_gen` yields the answer as it is generated
             (`aquery`: an AsyncStreamingResponse).
@@ -138,8 +149,10 @@ class CAGQueryEngine(BaseQueryEngine):
         store: the store the nodes come from; needed only when the retriever is not a CAGRetriever.
         callback_manager: LlamaIndex callbacks (default: `Settings.callback_manager`).
         placement: ask-time speed/quality options (`cagkit.ask.Placement`: `recompute_layers`, `blend`,
-            `blend_select`).
+            `blend_select`); None: `cagkit.ask`'s defaults, which place whole documents as stored (blend 0).
         device: where the model runs: `auto` (default, or `$CAGKIT_DEVICE`), `cpu`, `cuda` or `cuda:N`.
+        scope: `auto` (the default), `document` or `chunks`, as `cagkit ask --scope` (`cagkit.ask.choose_scope`):
+            whether the retrieved nodes' documents are placed whole.
 
     The prompt around the chunks is cagkit's (`cagkit.generation.prompt_parts`), not a LlamaIndex template, because
     the chunks enter the model as KV rather than as prompt text. Response metadata holds the model, the mode, the
@@ -158,9 +171,12 @@ class CAGQueryEngine(BaseQueryEngine):
         callback_manager: CallbackManager | None = None,
         placement: Placement | None = None,
         device: str | None = None,
+        scope: str = DEFAULT_SCOPE,
     ) -> None:
         if mode not in MODES:
             raise CagkitError(f"unknown mode '{mode}'; use one of {', '.join(MODES)}")
+        check_scope(scope)
+        self.scope = scope
         store = store if store is not None else getattr(retriever, "store_path", None)
         if store is None:
             raise CagkitError(
@@ -171,10 +187,10 @@ class CAGQueryEngine(BaseQueryEngine):
         self.model = model
         self.lm = load_model(model, device)
         self.mode = mode
-        self.placement = placement or Placement()
-        self.placement.check(self.lm)
+        self.placement = placement  # None: the scope's default blend
+        (placement or Placement()).check(self.lm)
         if mode == "select":
-            SelectedSentences.check(self.placement)
+            SelectedSentences.check(placement or Placement())
         self.max_new_tokens = max_new_tokens
         self.streaming = streaming
         self._retriever = retriever
@@ -200,6 +216,7 @@ class CAGQueryEngine(BaseQueryEngine):
         return CAGQueryEngine(
             retriever, self.model, self.mode, self.max_new_tokens, self.streaming, self._node_postprocessors,
             getattr(retriever, "store_path", self.store_path), self.callback_manager, self.placement,
+            scope=self.scope,
         )
 
     def _get_prompt_modules(self) -> dict:
@@ -280,10 +297,16 @@ class CAGQueryEngine(BaseQueryEngine):
     def _answer(self, hits: list[Hit], question: str, on_text, started, retrieved) -> Answer:
         # Opened here, in the thread that generates, for the same sqlite3 reason as in CAGRetriever.
         with Store.open(self.store_path) as store:
-            return answer_from_chunks(
-                self.lm, store, hits, question, self.mode, self.max_new_tokens, on_text, started, retrieved,
-                placement=self.placement,
+            mode = resolve_mode(self.mode, self.lm, store)
+            room = context_room(self.lm, *prompt_parts(self.lm, question), self.max_new_tokens)
+            placed, scope, left_out = choose_scope(store, hits, self.scope, min(room, DOCUMENT_BUDGET))
+            placement = self.placement or replace(Placement(), blend=default_blend(mode, scope))
+            answer = answer_from_chunks(
+                self.lm, store, placed, question, mode, self.max_new_tokens, on_text, started, retrieved,
+                placement=placement, scope=scope, sources=hits,
             )
+            answer.skipped = left_out + answer.skipped
+            return answer
 
     def _stream(self, hits, question, metadata, started, retrieved) -> Generator[str, None, None]:
         """Yield the answer as a worker thread generates it; the pieces join to exactly `Answer.answer`.
@@ -349,4 +372,4 @@ def _hit(scored: NodeWithScore) -> Hit:
 
 def _response_metadata(answer: Answer) -> dict:
     return {"model": answer.model, "mode": answer.mode, "context_tokens": answer.context_tokens,
-            "timings": answer.timings}
+            "scope": answer.scope, "documents": answer.documents, "timings": answer.timings}

@@ -33,8 +33,11 @@ from cagkit.config import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_MODE,
     DEFAULT_RETRIEVAL,
+    DEFAULT_SCOPE,
     DEFAULT_TOP_K,
+    DOCUMENT_BUDGET,
     RETRIEVAL_MODES,
+    SCOPES,
     Placement,
 )
 from cagkit.errors import CagkitError, ModelError, StoreError, TranslatorError
@@ -174,6 +177,8 @@ class Question:
     retrieval: str
     placement: Placement
     documents: list[str] | None
+    scope: str = DEFAULT_SCOPE
+    blend_given: bool = True  # False: the blend is the scope's default (`cagkit.ask.default_blend`)
 
 
 def parse_question(body: dict, kind: str, served: tuple[str, ...]) -> Question:
@@ -213,6 +218,7 @@ def parse_question(body: dict, kind: str, served: tuple[str, ...]) -> Question:
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     tokens_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_new = _int(body, tokens_field, DEFAULT_MAX_NEW_TOKENS, 1, MAX_NEW_TOKENS)
+    blend_given = body.get("blend") is not None
     blend = _float(body, "blend", Placement.blend)
     if not 0.0 <= blend <= 1.0:
         raise ApiError(400, f"'blend' must be a share of the context tokens from 0 to 1, got {blend:g}",
@@ -223,7 +229,8 @@ def parse_question(body: dict, kind: str, served: tuple[str, ...]) -> Question:
                     _int(body, "top_k", DEFAULT_TOP_K, 1, MAX_TOP_K),
                     _choice(body, "mode", DEFAULT_MODE, ASK_MODES), _choice(body, "retrieval", DEFAULT_RETRIEVAL,
                                                                      RETRIEVAL_MODES),
-                    placement, _strings(body, "documents"))
+                    placement, _strings(body, "documents"), _choice(body, "scope", DEFAULT_SCOPE, SCOPES),
+                    blend_given)
 
 
 # -- the server's state ------------------------------------------------------------------------------------------
@@ -306,7 +313,9 @@ class Answering:
 
     def work(self, lm):
         """Runs on the model's thread: retrieve, answer, count. Returns (answer, prompt tokens, answer tokens)."""
-        from cagkit.ask import answer_from_chunks
+        from dataclasses import replace
+
+        from cagkit.ask import answer_from_chunks, choose_scope, default_blend, resolve_mode
         from cagkit.generation import context_room, prompt_parts
 
         if self.cancel.is_set():
@@ -324,11 +333,17 @@ class Answering:
             if q.documents is not None and not hits:
                 raise CagkitError(f"none of the documents {', '.join(q.documents)[:300]} is in the store; name "
                                   f"stored documents (POST /v1/retrieve shows their ids) or leave 'documents' out")
+            mode = resolve_mode(q.mode, lm, store)
+            placed, scope, left_out = choose_scope(store, hits, q.scope, min(room, DOCUMENT_BUDGET))
+            if scope == "chunks":
+                placed = _fit(lm, placed, room)
             retrieved = time.perf_counter()
-            hits = _fit(lm, hits, room)
-            answer = answer_from_chunks(lm, store, hits, q.question, q.mode, q.max_new_tokens, self._on_text,
-                                        started=started, retrieved=retrieved, placement=q.placement)
+            placement = q.placement if q.blend_given else replace(q.placement, blend=default_blend(mode, scope))
+            answer = answer_from_chunks(lm, store, placed, q.question, mode, q.max_new_tokens, self._on_text,
+                                        started=started, retrieved=retrieved, placement=placement, scope=scope,
+                                        sources=[h for h in hits if scope == "document" or h in placed])
             answer.retrieval = q.retrieval
+            answer.skipped = left_out + answer.skipped
             completion = lm.count_tokens(answer.answer) if answer.answer else 0
             if self.first_token_s is None:
                 self._first_token()
@@ -374,6 +389,7 @@ def _cagkit_part(answer, job: Answering, queued_ms: float) -> dict:
     timings = dict(answer.timings, queue_ms=queued_ms)
     return {"sources": answer.sources, "timings": timings, "mode": answer.mode, "retrieval": answer.retrieval,
             "context_tokens": answer.context_tokens, "placement": answer.placement,
+            "scope": answer.scope, "documents": answer.documents,
             # retrieved chunks left out because their stored KV is damaged (where cagkit.ask reports them)
             "skipped": answer.skipped,
             "served": {"start": job.window[0], "end": job.window[-1]} if job.window else None}

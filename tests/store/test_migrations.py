@@ -19,8 +19,9 @@ TEXT = ("The ferry to Inish Mor leaves at nine. It returns at six in summer.\n\n
         "Tickets cost twelve euro. Bicycles travel free on weekdays.")
 
 
-def _ingest(docs, store):
-    return ingest([docs], store=store, source="tiny-llama", chunk_tokens=32, progress=False)
+def _ingest(docs, store, prefill="chunks"):
+    """Chunks prefilled alone, as every store before document caches was written (unless `prefill` says)."""
+    return ingest([docs], store=store, source="tiny-llama", chunk_tokens=32, progress=False, prefill=prefill)
 
 
 def as_written_by_ca1dd3f(store):
@@ -34,6 +35,8 @@ def as_written_by_ca1dd3f(store):
         conn.execute("DROP INDEX chunks_kv_file")
         conn.execute("ALTER TABLE chunks DROP COLUMN kv_file")
         conn.execute("ALTER TABLE chunks DROP COLUMN checksum")
+        conn.execute("ALTER TABLE documents DROP COLUMN prefill")
+        conn.execute("ALTER TABLE documents DROP COLUMN window")
     conn.close()
 
 
@@ -88,6 +91,22 @@ def test_an_old_store_opened_for_reading_is_migrated_and_loads_its_sentences(old
                                                             "It returns at six in summer."]
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=2e-3)
     assert _applied(store) == [m.__name__ for m in migrations.MIGRATIONS]
+
+
+def test_an_old_stores_documents_are_known_to_be_prefilled_alone_until_ingest_reads_them_whole(old_store):
+    docs, store, _ = old_store
+    path = str((docs / "ferry.txt").resolve())
+    with Store.open(store) as st:
+        assert (st.document(path).prefill, st.document(path).window) == ("chunks", None)
+        assert st.load_chunk(st.chunk_ids(path)[0]).context is None
+        assert st.summary()["per_document"][0]["prefill"] == "chunks"
+    report = _ingest(docs, store, prefill="document")  # the default: the document is read again, whole
+    assert report.updated == [path] and report.tokens > 0
+    with Store.open(store) as st:
+        doc = st.document(path)
+        assert doc.prefill == "document" and doc.window == 4096  # the tiny model's context length
+        assert [st.load_chunk(i).position for i in st.chunk_ids(path)][0] == 0
+    assert _ingest(docs, store, prefill="document").unchanged == [path]
 
 
 def test_a_store_migrated_by_a_newer_cagkit_is_refused(old_store):
