@@ -7,7 +7,11 @@
                   taken again from the text it reads, so the stored hash is always that of the stored
                   text), chunks it, and for each part
                   of `PART_TOKENS` tokens writes its KV file to the store (named by content, so a part written by
-                  an earlier, interrupted run is found and not prefilled again) and returns the part's rows
+                  an earlier, interrupted run is found and not prefilled again) and returns the part's rows.
+                  With `prefill="document"` (the default, as for `ingest`) one actor reads a whole document, its
+                  parts in order through one `DocumentPrefill` (`cagkit.ingest.pipeline.DocumentReading`), each
+                  attending to the document before it; a part an interrupted run wrote is read back from its
+                  file into the window (`DocumentPrefill.skip`) instead of being prefilled again
     lance-ray     writes the rows, from the actors' blocks, to a staging table of this run beside the manifest
     driver        commits the staged rows into the manifest a batch of documents at a time (each document whole,
                   replacing its older version in the same commit), then drops the staging table
@@ -27,10 +31,19 @@ import time
 import warnings
 from pathlib import Path
 
-from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE
+from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_PREFILL, DEFAULT_SOURCE
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning, StoreError
 from cagkit.ingest.documents import find_documents, read_document
-from cagkit.ingest.pipeline import PART_TOKENS, IngestReport, _parts, _still_there, _token_ends, prefill_chunks
+from cagkit.ingest.pipeline import (
+    PART_TOKENS,
+    DocumentReading,
+    IngestReport,
+    _parts,
+    _still_there,
+    _token_ends,
+    check_prefill,
+    prefill_chunks,
+)
 from cagkit.store.store import NewChunk, Store, StoreSettings, check_dtype
 
 COMMIT_DOCUMENTS = 64  # documents per manifest commit
@@ -47,10 +60,13 @@ def ingest_ray(
     prune: bool = False,
     device: str | None = None,
     progress: bool = True,
+    prefill: str = DEFAULT_PREFILL,
+    window: int | None = None,
 ) -> IngestReport:
     """Add the documents under `paths` to the LanceDB store `store` (a URL, a local LanceDB store, or a new
     folder, which becomes one) with Ray: `address` is a running cluster's (`ray://host:10001` or `auto`); None
-    starts a local Ray for this run. `actors` source models prefill at once; the other arguments are `ingest`'s.
+    starts a local Ray for this run. `actors` source models prefill at once, a document each; the other arguments
+    (`prefill` and `window` among them) are `ingest`'s.
 
     The files are read where Ray runs its tasks: on a cluster, give paths every node can read (a shared file
     system). Unchanged documents (same content hash, KV files whose headers are whole) are skipped."""
@@ -67,8 +83,11 @@ def ingest_ray(
     if actors < 1:
         raise CagkitError(f"--actors must be at least 1, got {actors}")
     check_dtype(dtype)
+    check_prefill(prefill, window)
     files = [str(f.resolve()) for f in find_documents(paths)]
     lm = load_model(source, "cpu")  # the settings need its fingerprint; the actors load their own
+    if prefill == "document":
+        DocumentReading.of(lm, chunk_tokens, window)  # a window too small for the chunks: an error before Ray starts
     settings = StoreSettings(source=lm.name, source_fingerprint=lm.fingerprint, dtype=dtype,
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)
     started = time.perf_counter()
@@ -95,7 +114,8 @@ def ingest_ray(
                 if any(row["status"] == "new" for row in statuses):
                     rows = checked.filter(expr=col("status") == "new").map_batches(
                         _Prefiller, fn_constructor_kwargs={"store": str(st.path), "source": source,
-                                                           "settings": settings, "device": device},
+                                                           "settings": settings, "device": device,
+                                                           "prefill": prefill, "window": window},
                         batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
                         num_gpus=_gpus_per_actor(ray), batch_format="pyarrow")
                     lance_ray.write_lance(rows, st.staging_uri(staging), schema=lance.staging_schema(),
@@ -159,7 +179,8 @@ def _sha(text: str) -> str:
 class _Prefiller:
     """A Ray actor: the source model and the embedder, loaded once; a document in, its manifest rows out."""
 
-    def __init__(self, store: str, source: str, settings: StoreSettings, device: str | None):
+    def __init__(self, store: str, source: str, settings: StoreSettings, device: str | None,
+                 prefill: str = DEFAULT_PREFILL, window: int | None = None):
         from cagkit.kv.rope import RotaryTables
         from cagkit.models.loading import load_model
         from cagkit.store import lance
@@ -172,12 +193,12 @@ class _Prefiller:
         self.tables = RotaryTables(self.lm.model)
         self.store = lance.LanceStore.for_workers(store, settings)
         self.settings = settings
+        self.reading = DocumentReading.of(self.lm, settings.chunk_tokens, window) if prefill == "document" else None
 
     def __call__(self, batch):
         import pyarrow as pa
 
         from cagkit.ingest.chunking import chunk_text
-        from cagkit.retrieval.embeddings import embed_with_sentences
         from cagkit.store import lance
 
         out = []
@@ -190,23 +211,53 @@ class _Prefiller:
             sha = _sha(text)
             chunks = chunk_text(text, self.lm.count_tokens, self.settings.chunk_tokens,
                                 token_ends=_token_ends(self.lm))
-            counts = [self.lm.count_tokens(c.text) for c in chunks]
             writer = self.store.document_writer(path, sha)
-            for part, _ in _parts(chunks, counts, PART_TOKENS):
-                vectors, sentences = embed_with_sentences([c.text for c in part])
-                ids = [self.lm.tokenizer(c.text, add_special_tokens=False, return_offsets_mapping=True)
-                       for c in part]
-                stored = writer.stored([e["input_ids"] for e in ids])
-                if stored is not None:  # written by an earlier run that did not commit: no prefill
-                    new = [NewChunk(c.text, c.char_start, c.char_end, e["input_ids"],
-                                    [tuple(o) for o in e["offset_mapping"]], kv=None, sentences=s)
-                           for c, e, s in zip(part, ids, sentences)]
-                    writer.add_stored(new, vectors, stored)
-                    continue
-                new = prefill_chunks(self.lm, self.tables, part)
-                for chunk, kept in zip(new, sentences):
-                    chunk.sentences = kept
-                writer.add(new, vectors)
-            out += lance.document_rows(path, sha, None, writer.rows)
+            if self.reading is not None:
+                self._read_whole(writer, self.reading.tokens(self.lm, text, chunks))
+            else:
+                self._read_alone(writer, chunks)
+            out += lance.document_rows(path, sha, None, writer.rows, writer.prefill, writer.window)
         return pa.Table.from_pylist(out, schema=lance.staging_schema())
+
+    def _read_alone(self, writer, chunks) -> None:
+        """Each chunk prefilled alone (`prefill="chunks"`), a part at a time."""
+        from cagkit.retrieval.embeddings import embed_with_sentences
+
+        counts = [self.lm.count_tokens(c.text) for c in chunks]
+        for part, _ in _parts(chunks, counts, PART_TOKENS):
+            vectors, sentences = embed_with_sentences([c.text for c in part])
+            ids = [self.lm.tokenizer(c.text, add_special_tokens=False, return_offsets_mapping=True) for c in part]
+            stored = writer.stored([e["input_ids"] for e in ids])
+            if stored is not None:  # written by an earlier run that did not commit: no prefill
+                new = [NewChunk(c.text, c.char_start, c.char_end, e["input_ids"],
+                                [tuple(o) for o in e["offset_mapping"]], kv=None, sentences=s)
+                       for c, e, s in zip(part, ids, sentences)]
+                writer.add_stored(new, vectors, stored)
+                continue
+            new = prefill_chunks(self.lm, self.tables, part)
+            for chunk, kept in zip(new, sentences):
+                chunk.sentences = kept
+            writer.add(new, vectors)
+
+    def _read_whole(self, writer, chunks) -> None:
+        """The document read whole (`prefill="document"`), its parts in order through one `DocumentPrefill`; a part
+        an earlier, interrupted run wrote is not prefilled again, but its KV, read back, enters the window."""
+        from cagkit.retrieval.embeddings import embed_with_sentences
+
+        reader = self.reading.start(self.lm, self.tables)
+        budget = min(PART_TOKENS, self.reading.part_tokens)
+        for part, _ in _parts(chunks, [len(c.token_ids) for c in chunks], budget):
+            vectors, sentences = embed_with_sentences([c.text for c in part])
+            contexts = [self.reading.context(c.position) for c in part]
+            stored = writer.stored([c.token_ids for c in part], contexts)
+            if stored is not None:
+                new = [NewChunk(c.text, c.char_start, c.char_end, c.token_ids, c.offsets, kv=None, sentences=s,
+                                context=x) for c, s, x in zip(part, sentences, contexts)]
+                writer.add_stored(new, vectors, stored)
+                reader.prefill.skip(writer.stored_kv())
+                continue
+            new = reader.read(part)
+            for chunk, kept in zip(new, sentences):
+                chunk.sentences = kept
+            writer.add(new, vectors)
 

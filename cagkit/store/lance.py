@@ -7,12 +7,16 @@ unchanged, and it differs where being shared demands:
 
     settings.json                  what the store was built with (as the SQLite store's settings table)
     manifest/chunks.lance          one row per chunk: its document (path, content hash, metadata, chunk and
-                                   token counts), text, char offsets, token ids and their char spans, unit
-                                   embedding, sentence spans and embeddings, KV file and checksum
-    kv/<sha256>.safetensors        a part of a document's chunks as `Store` writes them; the name is the SHA-256
-                                   of the source model's fingerprint, the format, the dtype, the part's first
-                                   chunk index and every chunk's token ids, so every process, on any machine,
-                                   names the same KV the same way
+                                   token counts, how it was prefilled: `doc_prefill` and `doc_window`, as
+                                   `Document.prefill` and `.window`), text, char offsets, token ids and their char
+                                   spans, unit embedding, sentence spans and embeddings, KV file and checksum
+    kv/<sha256>.safetensors        a part of a document's chunks as `Store` writes them (with `{i}.context` where
+                                   the document was prefilled whole); the name is the SHA-256 of the source
+                                   model's fingerprint, the format, the dtype, the part's first chunk index and
+                                   every chunk's token ids and, for a document prefilled whole, every chunk's
+                                   context and the name of the document's part before (whose KV the part attended
+                                   to, and so on back to its start), so every process, on any machine, names the
+                                   same KV the same way
 
 - **Readers never see a row whose file is missing**: a writer puts its KV files first, then commits all of a
   document's rows in one LanceDB commit (a merge that also drops the rows of its older version), so a document
@@ -26,6 +30,12 @@ unchanged, and it differs where being shared demands:
 - **Search**: LanceDB's vector search (exact below `VECTOR_INDEX_ROWS` chunks; an IVF_PQ index, built when a
   writer closes the store, above) and its full-text (BM25) index, fused by reciprocal rank as `Store` fuses its
   own; searching a few documents (`documents=`) ranks their rows exactly as `Store` does.
+- **Format changes** are made to the table in place, as the SQLite store's numbered migrations are, and read
+  either way. The one so far, the Lance store's m004_document_prefill: `doc_prefill` and `doc_window`, which
+  tables written before lack. A reader selects only the columns a table has, and reads a document without them,
+  or with them null, as `chunks` (prefilled alone, no window): that is how every document was stored before. The
+  first writer to open such a table, or to commit into it, adds both columns, all null (`_upgrade`; a writer
+  that finds another has just added them carries on), and only then writes rows that fill them.
 - **Remote failures**: every S3 request has a timeout and retries (`REMOTE_TIMEOUT_S`, `REMOTE_RETRIES`); what
   still fails is a one-line StoreError naming the store, never a hang.
 
@@ -36,6 +46,7 @@ Needs the `scale` extra: `pip install 'cagkit[scale]'`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -55,6 +66,7 @@ from cagkit.store.kvfile import KVFile, chunk_checksums
 from cagkit.store.store import (
     _CHUNK_TENSORS,
     FORMAT_VERSION,
+    ChunkGoneError,
     DamagedChunkError,
     Document,
     Hit,
@@ -107,12 +119,23 @@ def _int_id(*parts: str) -> int:
     return int(hashlib.sha256("\0".join(parts).encode()).hexdigest()[:15], 16)
 
 
-def kv_file_name(settings: StoreSettings, first: int, token_ids: Iterable[list[int]]) -> str:
+def kv_file_name(settings: StoreSettings, first: int, token_ids: Iterable[list[int]],
+                 contexts: Iterable[tuple[int, ...] | None] | None = None, before: str | None = None) -> str:
     """The content hash that names a KV file: the source model's fingerprint, format, dtype, first chunk index and
-    every chunk's token ids."""
+    every chunk's token ids; for chunks prefilled in their document (`NewChunk.context` not None) also each one's
+    context and `before`, the name of the document's part before this one: its KV, and so everything read before
+    it, went into this part's. Chunks prefilled alone are named by their own content only, as they always were."""
     digest = hashlib.sha256(f"{settings.source_fingerprint}\0{FORMAT_VERSION}\0{settings.dtype}\0{first}".encode())
-    for ids in token_ids:
+    token_ids = list(token_ids)
+    contexts = list(contexts) if contexts is not None else [None] * len(token_ids)
+    if len(contexts) != len(token_ids):
+        raise ValueError(f"{len(contexts)} contexts for {len(token_ids)} chunks")
+    for ids, context in zip(token_ids, contexts):
         digest.update(b"\1" + np.asarray(ids, dtype="<i4").tobytes())
+        if context is not None:
+            digest.update(b"\2" + np.asarray(context, dtype="<i4").tobytes())
+    if before is not None and any(c is not None for c in contexts):
+        digest.update(b"\3" + before.encode())
     return digest.hexdigest() + ".safetensors"
 
 
@@ -187,12 +210,21 @@ def _schema(dim: int):
     return pa.schema([
         ("chunk_id", pa.int64()), ("doc_path", pa.string()), ("doc_sha", pa.string()),
         ("doc_metadata", pa.string()), ("doc_chunks", pa.int32()), ("doc_tokens", pa.int64()),
+        *[(f.name, f.type) for f in _added_columns()],
         ("ingested_at", pa.float64()), ("idx", pa.int32()), ("text", pa.string()), ("char_start", pa.int32()),
         ("char_end", pa.int32()), ("n_tokens", pa.int32()), ("token_ids", pa.list_(pa.int32())),
         ("offsets", pa.list_(pa.int32())), ("vector", pa.list_(pa.float32(), dim)),
         ("sentence_spans", pa.list_(pa.int32())), ("sentence_embeddings", pa.list_(pa.float32())),
         ("kv_file", pa.string()), ("checksum", pa.string()),
     ])
+
+
+def _added_columns():
+    """The columns added to the table since the first format (see the module's docstring, "Format changes"):
+    nullable, so that rows written without them read as before."""
+    import pyarrow as pa
+
+    return [pa.field("doc_prefill", pa.string()), pa.field("doc_window", pa.int32())]
 
 
 def staging_schema():
@@ -203,7 +235,9 @@ def staging_schema():
     return schema.set(schema.get_field_index("vector"), pa.field("vector", pa.list_(pa.float32())))
 
 
-_DOC_COLUMNS = ["doc_path", "doc_sha", "doc_metadata", "doc_chunks", "doc_tokens", "idx", "kv_file"]
+_DOC_COLUMNS = ["doc_path", "doc_sha", "doc_metadata", "doc_chunks", "doc_tokens", "doc_prefill", "doc_window", "idx",
+                "kv_file"]
+_ADDED = ("doc_prefill", "doc_window")  # `_added_columns`: a table written before lacks them
 
 
 class LanceStore(Store):
@@ -217,7 +251,7 @@ class LanceStore(Store):
         self._table = table  # None until the first document is committed
         self.settings = settings
         self.writable = writable
-        self.upgraded: list[str] = []  # no migrations yet: the format started at the current version
+        self.upgraded: list[str] = []  # documents whose KV files an upgrade rewrote: none (`_upgrade` adds columns)
         self.removed: list[str] = []
         self._db = None
 
@@ -246,6 +280,7 @@ class LanceStore(Store):
             existing = _read_settings(loc) or settings  # a writer that created it first decides
         _check_compatible(loc.url, existing, settings)
         store = cls(loc, _open_table(loc), existing, writable=True)
+        store._upgrade(store._table)
         store.removed = store.remove_orphans(orphan_grace_s)
         return store
 
@@ -308,6 +343,8 @@ class LanceStore(Store):
             import pyarrow as pa
 
             return pa.table({c: [] for c in columns})
+        present = set(table.schema.names)
+        columns = [c for c in columns if c in present or c not in _ADDED]  # a table written before lacks those
         try:
             query = table.search().select(columns)
             if where is not None:
@@ -401,7 +438,8 @@ class LanceStore(Store):
         for doc in self.documents():
             documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
                               "kv_bytes": sum(sizes.get(f, 0) for f in self.kv_files(doc)),
-                              "state": "ok" if self.is_intact(doc) else "damaged", "metadata": doc.metadata})
+                              "state": "ok" if self.is_intact(doc) else "damaged", "prefill": doc.prefill,
+                              "window": doc.window, "metadata": doc.metadata})
         return {"store": self.path, "settings": dict(self.settings.__dict__), "documents": len(documents),
                 "chunks": sum(d["chunks"] for d in documents), "tokens": sum(d["tokens"] for d in documents),
                 "bytes": sum(sizes.values()), "per_document": documents}
@@ -515,6 +553,23 @@ class LanceStore(Store):
             raise StoreError(f"document {path} is not in store {self.path}")
         return [r["chunk_id"] for r in sorted(rows, key=lambda r: r["idx"])]
 
+    def document_hits(self, path: str) -> list[Hit]:
+        """Every chunk of one document as a `Hit` (score 0), in document order (`SQLiteStore.document_hits`)."""
+        rows = self._rows(["chunk_id", "doc_path", "idx", "text", "doc_metadata"], f"doc_path = {_quote(path)}")
+        order = sorted(range(rows.num_rows), key=lambda i: rows.column("idx")[i].as_py())
+        return [_hit(rows, i, 0.0) for i in order]
+
+    def token_ids(self, chunk_ids: list[int]) -> list[list[int]]:
+        """Each chunk's source token ids, from the manifest (`SQLiteStore.token_ids`)."""
+        if not chunk_ids:
+            return []
+        rows = self._rows(["chunk_id", "token_ids"], f"chunk_id IN ({', '.join(str(int(i)) for i in chunk_ids)})")
+        found = {r["chunk_id"]: r["token_ids"] for r in rows.to_pylist()}
+        missing = [i for i in chunk_ids if i not in found]
+        if missing:
+            raise ChunkGoneError(f"chunk {missing[0]} is no longer in store {self.path}; try again")
+        return [found[i] for i in chunk_ids]
+
     def load_chunk(self, chunk_id: int) -> StoredChunk:
         result = self.load_chunks([chunk_id])[0]
         if isinstance(result, StoreError):
@@ -605,6 +660,7 @@ class LanceStore(Store):
             if replace:
                 table.delete(_in_paths(replace))
             return True
+        self._upgrade(table)  # before rows that fill the added columns are cast to the table's schema
         import pyarrow as pa
 
         merge = table.merge_insert(["doc_path", "idx"]).when_matched_update_all().when_not_matched_insert_all()
@@ -643,6 +699,26 @@ class LanceStore(Store):
                 self.commit_rows(lost)
         return self._fresh()
 
+    def _upgrade(self, table) -> None:
+        """Add to `table` (None: none yet) the columns a table written before lacks (`_added_columns`), all null,
+        which reads as before: the Lance store's equivalent of a numbered migration (module docstring). Another
+        writer adding them at the same moment may win; then they are there, which is all that is needed."""
+        if table is None:
+            return
+        missing = [f for f in _added_columns() if f.name not in table.schema.names]
+        if not missing:
+            return
+        try:
+            table.add_columns(missing)
+        except Exception as exc:  # noqa: BLE001 - "already exists" or a commit conflict: another writer's add
+            try:
+                table.checkout_latest()
+                done = all(f.name in table.schema.names for f in missing)
+            except Exception:  # noqa: BLE001
+                done = False
+            if not done:
+                raise self._loc.error(exc, "upgrade the manifest of") from None
+
     def _connect(self):
         if self._db is None:
             try:
@@ -680,7 +756,10 @@ class LanceStore(Store):
 
 class LanceDocumentWriter:
     """`DocumentWriter` for a `LanceStore`: each `add` writes one content-addressed KV file, `commit` records every
-    chunk of the document in one commit. Without `commit` nothing is recorded; the files written become orphans."""
+    chunk of the document in one commit. Without `commit` nothing is recorded; the files written become orphans.
+
+    As `DocumentWriter`, the first chunks added say how the document was prefilled (`prefill`, `window`): whole,
+    each chunk's KV its slice of the document's cache (`NewChunk.context` set), or each chunk alone."""
 
     def __init__(self, store: LanceStore, path: str, sha256: str, metadata: dict | None = None):
         store._require_writable()
@@ -689,7 +768,20 @@ class LanceDocumentWriter:
         self.sha256 = sha256
         self.metadata = metadata
         self._rows: list[dict] = []
+        self._parts: list[str] = []  # the KV file of each part added, in order
         self._committed = False
+        self.prefill, self.window = "chunks", None
+
+    def _name(self, token_ids: list[list[int]], contexts: list[tuple[int, ...] | None]) -> str:
+        """The next part's KV file name: a document prefilled whole chains it to the part before."""
+        return kv_file_name(self.store.settings, len(self._rows), token_ids, contexts,
+                            before=self._parts[-1] if self._parts else None)
+
+    def _begin_part(self, chunks: list[NewChunk]) -> None:
+        if self._rows:
+            return
+        context = chunks[0].context
+        self.prefill, self.window = ("document", int(context[2])) if context is not None else ("chunks", None)
 
     def __enter__(self):
         return self
@@ -706,39 +798,65 @@ class LanceDocumentWriter:
         """The rows of the chunks added so far, less their document's columns (`document_rows`)."""
         return list(self._rows)
 
-    def stored(self, token_ids: list[list[int]]) -> dict[int, str] | None:
-        """The checksums of the next part's chunks (by their token ids) if a complete KV file of exactly that part
-        is in the store already (an interrupted run wrote it), else None: then it must be prefilled and `add`ed.
-        Files are only ever published whole (a rename, or one PUT), so a complete file is what a writer wrote."""
+    def stored(self, token_ids: list[list[int]], contexts: list[tuple[int, ...] | None] | None = None
+               ) -> dict[int, str] | None:
+        """The checksums of the next part's chunks (by their token ids and, prefilled in their document, their
+        `NewChunk.context`) if a complete KV file of exactly that part is in the store already (an interrupted run
+        wrote it), else None: then it must be prefilled and `add`ed. Files are only ever published whole (a
+        rename, or one PUT), so a complete file is what a writer wrote."""
         first = len(self._rows)
-        name = kv_file_name(self.store.settings, first, token_ids)
-        sums = chunk_checksums(self.store._loc.path("kv", name), range(first, first + len(token_ids)),
-                               _CHUNK_TENSORS, self.store._fs)
+        contexts = contexts if contexts is not None else [None] * len(token_ids)
+        required = _CHUNK_TENSORS + (("context",) if any(c is not None for c in contexts) else ())
+        sums = chunk_checksums(self.store._loc.path("kv", self._name(token_ids, contexts)),
+                               range(first, first + len(token_ids)), required, self.store._fs)
         return None if any(v is None for v in sums.values()) else sums
 
     def add_stored(self, chunks: list[NewChunk], embeddings: np.ndarray, sums: dict[int, str]) -> None:
-        """Add the next part from a KV file `stored` found (`chunks` need no KV)."""
+        """Add the next part from a KV file `stored` found (`chunks` need no KV, but their context if they have
+        one). A document prefilled whole reads on with `stored_kv`: the parts after this one attend to it."""
+        self._begin_part(chunks)
         first = len(self._rows)
-        name = kv_file_name(self.store.settings, first, [c.token_ids for c in chunks])
+        name = self._name([c.token_ids for c in chunks], [c.context for c in chunks])
         self._rows += [chunk_row(c, i, np.asarray(embeddings[i - first]), name, sums[i])
                        for i, c in enumerate(chunks, start=first)]
+        self._parts.append(name)
+
+    def stored_kv(self):
+        """The RoPE-free KV [L, T, H, D] of the part added last, its chunks one after the other, read back from its
+        file and checked against the checksums recorded for it (a `DamagedChunkError` if it changed since): what a
+        document prefill resumed after that part feeds `cagkit.kv.prefill.DocumentPrefill.skip`."""
+        import torch
+
+        from cagkit.kv.chunk import ChunkKV
+
+        if not self._parts:
+            raise ValueError("no part has been added yet")
+        name = self._parts[-1]
+        file = self.store._loc.path("kv", name)
+        kv = KVFile(file, self.store._fs)
+        rows = [r for r in self._rows if r["kv_file"] == name]
+        chunks = [read_chunk(lambda: kv, file, self.store.path, r["idx"], self.path, r["idx"], r["text"],
+                             r["checksum"]).kv for r in rows]
+        return ChunkKV(torch.cat([c.keys for c in chunks], 1), torch.cat([c.values for c in chunks], 1))
 
     def add(self, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
         if not chunks:
             return
         st = self.store
+        self._begin_part(chunks)
         first = len(self._rows)
         tensors = chunk_tensors(chunks, first, st.settings.dtype)
-        name = kv_file_name(st.settings, first, [c.token_ids for c in chunks])
+        name = self._name([c.token_ids for c in chunks], [c.context for c in chunks])
         meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": st.settings.source_fingerprint,
                 "dtype": st.settings.dtype, "first_chunk": str(first)}
         sums = st._put_kv(name, tensors, meta, first, len(chunks))
         del tensors
         self._rows += [chunk_row(c, i, np.asarray(embeddings[i - first]), name, sums[i])
                        for i, c in enumerate(chunks, start=first)]
+        self._parts.append(name)
 
     def commit(self) -> None:
-        rows = document_rows(self.path, self.sha256, self.metadata, self._rows)
+        rows = document_rows(self.path, self.sha256, self.metadata, self._rows, self.prefill, self.window)
         self.store.commit_rows(rows, replace=[self.path])
         self._committed = True
 
@@ -758,7 +876,8 @@ def migrate(source: str | Path, target: str | Path, progress=None) -> dict:
             held = {d.path: d for d in dst.documents()}
             for doc in src.documents():
                 old = held.get(doc.path)
-                if old is not None and old.sha256 == doc.sha256 and old.metadata == doc.metadata and dst.is_intact(old):
+                if (old is not None and old.sha256 == doc.sha256 and old.metadata == doc.metadata
+                        and (old.prefill, old.window) == (doc.prefill, doc.window) and dst.is_intact(old)):
                     done["unchanged"].append(doc.path)
                     continue
                 if not src.is_intact(doc, checksums=True):
@@ -772,7 +891,8 @@ def migrate(source: str | Path, target: str | Path, progress=None) -> dict:
                             part, vectors = [], []
                         stored = src.load_chunk(chunk_id)
                         part.append(NewChunk(stored.text, start, end, stored.token_ids,
-                                             [tuple(o) for o in stored.offsets.tolist()], stored.kv, stored.sentences))
+                                             [tuple(o) for o in stored.offsets.tolist()], stored.kv, stored.sentences,
+                                             stored.context))
                         vectors.append(embedding)
                         part_file = kv_file
                     if part:
@@ -796,13 +916,16 @@ def chunk_row(c: NewChunk, idx: int, embedding: np.ndarray, kv_file: str, checks
             "kv_file": kv_file, "checksum": checksum}
 
 
-def document_rows(path: str, sha256: str, metadata: dict | None, rows: list[dict]) -> list[dict]:
-    """`rows` (from `chunk_row`, in chunk order) completed with their document's columns."""
+def document_rows(path: str, sha256: str, metadata: dict | None, rows: list[dict], prefill: str = "chunks",
+                  window: int | None = None) -> list[dict]:
+    """`rows` (from `chunk_row`, in chunk order) completed with their document's columns; `prefill` and `window`
+    as `Document`'s (`LanceDocumentWriter.prefill`, `.window`)."""
     now = time.time()
     tokens = sum(r["n_tokens"] for r in rows)
     meta = json.dumps(metadata) if metadata else None
     return [{**r, "chunk_id": _int_id(path, sha256, str(r["idx"])), "doc_path": path, "doc_sha": sha256,
-             "doc_metadata": meta, "doc_chunks": len(rows), "doc_tokens": tokens, "ingested_at": now}
+             "doc_metadata": meta, "doc_chunks": len(rows), "doc_tokens": tokens, "doc_prefill": prefill,
+             "doc_window": window, "ingested_at": now}
             for r in rows]
 
 
@@ -811,13 +934,13 @@ def _documents(rows) -> dict[str, Document]:
     first_file: dict[str, tuple[int, str]] = {}
     for r in rows.to_pylist():
         path = r["doc_path"]
-        if path not in docs:
+        if path not in docs:  # a table written before has no doc_prefill: its documents' chunks were read alone
             docs[path] = Document(_int_id(path), path, r["doc_sha"], "", r["doc_chunks"], r["doc_tokens"],
-                                  json.loads(r["doc_metadata"]) if r["doc_metadata"] else {})
+                                  json.loads(r["doc_metadata"]) if r["doc_metadata"] else {},
+                                  r.get("doc_prefill") or "chunks", r.get("doc_window"))
         if path not in first_file or r["idx"] < first_file[path][0]:
             first_file[path] = (r["idx"], r["kv_file"])
-    return {p: Document(d.id, d.path, d.sha256, first_file[p][1], d.n_chunks, d.n_tokens, d.metadata)
-            for p, d in docs.items()}
+    return {p: dataclasses.replace(d, kv_file=first_file[p][1]) for p, d in docs.items()}
 
 
 def _hit(rows, i: int, score: float) -> Hit:

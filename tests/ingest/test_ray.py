@@ -12,6 +12,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 
 pytest.importorskip("ray")
 pytest.importorskip("lance_ray")
@@ -19,7 +20,7 @@ pytest.importorskip("lance_ray")
 from cagkit.ingest.distributed import ingest_ray  # noqa: E402
 from cagkit.ingest.pipeline import ingest  # noqa: E402
 from cagkit.retrieval.search import retrieve  # noqa: E402
-from cagkit.store.store import Store  # noqa: E402
+from cagkit.store.store import Store, StoreSettings  # noqa: E402
 
 TEXTS = {
     "lighthouse.md": "The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison.\n\n"
@@ -53,7 +54,7 @@ def docs(tmp_path):
 def _state(store):
     with Store.open(store) as st:
         found = st.verify()
-        docs = {os.path.basename(d.path): (d.sha256, d.n_chunks) for d in st.documents()}
+        docs = {os.path.basename(d.path): (d.sha256, d.n_chunks, d.prefill, d.window) for d in st.documents()}
         return found, docs, st.num_chunks()
 
 
@@ -64,11 +65,15 @@ def test_a_ray_ingest_with_two_actors_matches_the_local_ingest(tiny_dir, docs, t
     assert sorted(report.added) == sorted(local.added) and report.chunks == local.chunks
     found, by_ray, chunks = _state(tmp_path / "ray")
     assert found["ok"] and not found["orphans"] and by_ray == _state(tmp_path / "local")[1] and chunks == local.chunks
+    assert {prefill for *_, prefill, _ in by_ray.values()} == {"document"}  # each document read whole by one actor
     with Store.open(tmp_path / "ray") as a, Store.open(tmp_path / "local") as b:
         for question in ("Who built the lighthouse?", "When does the ferry leave?"):
             ha, hb = retrieve(a, question, 2, "hybrid"), retrieve(b, question, 2, "hybrid")
             assert [(h.doc_path, h.idx) for h in ha] == [(h.doc_path, h.idx) for h in hb]
-            assert a.load_chunk(ha[0].chunk_id).kv.keys.shape == b.load_chunk(hb[0].chunk_id).kv.keys.shape
+        for doc in b.documents():
+            for ca, cb in zip(a.load_chunks(a.chunk_ids(doc.path)), b.load_chunks(b.chunk_ids(doc.path)), strict=True):
+                assert ca.context is not None and ca.context == cb.context
+                torch.testing.assert_close(ca.kv.keys, cb.kv.keys, rtol=0, atol=0)
     again = ingest_ray([docs], tmp_path / "ray", actors=2, source=tiny_dir, chunk_tokens=32, progress=False)
     assert len(again.unchanged) == len(TEXTS) and not again.added
     (docs / "garden.md").write_text("The walled garden closed in 2020.")
@@ -80,10 +85,68 @@ def test_a_ray_ingest_with_two_actors_matches_the_local_ingest(tiny_dir, docs, t
 
 def test_a_ray_ingest_into_s3(tiny_dir, docs, s3):
     url = s3.bucket_url("rayingest") + "/store"
-    report = ingest_ray([docs], url, actors=2, source=tiny_dir, chunk_tokens=32, progress=False)
+    report = ingest_ray([docs], url, actors=2, source=tiny_dir, chunk_tokens=32, progress=False, prefill="chunks")
     assert len(report.added) == len(TEXTS)
     found, by_ray, _ = _state(url)
     assert found["ok"] and len(by_ray) == len(TEXTS)
+    assert {(prefill, window) for *_, prefill, window in by_ray.values()} == {("chunks", None)}
+    with Store.open(url) as st:
+        assert all(c.context is None for d in st.documents() for c in st.load_chunks(st.chunk_ids(d.path)))
+
+
+# About 700 tokens: with chunks of 32 tokens and a window of 200, read in parts of 84 tokens at most, sliding.
+HARBOUR = " ".join(f"Sentence {i} tells of harbour town {i} and its {i * 3} boats." for i in range(40))
+WINDOW = 200
+
+
+def test_parts_an_interrupted_run_wrote_are_read_back_into_the_window_not_prefilled_again(tiny_llama, tmp_path):
+    """A Ray actor (here in this process) that finds parts of its document written by an earlier run reuses their
+    files and feeds their KV into the window (`DocumentPrefill.skip`, sliding as it fills): the parts after them
+    attend to that KV exactly."""
+    import pyarrow as pa
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from cagkit.ingest.distributed import _Prefiller
+    from cagkit.retrieval.embeddings import EMBEDDER_NAME
+    from cagkit.store import lance
+
+    doc = tmp_path / "harbour.txt"
+    doc.write_text(HARBOUR)
+    settings = StoreSettings(source="tiny-llama", source_fingerprint=tiny_llama.fingerprint, dtype="float32",
+                             chunk_tokens=32, embedder=EMBEDDER_NAME)  # float32: what is read back is exact
+
+    def run(store, left=None):
+        lance.LanceStore.open_for_writing(store, settings).close()
+        for name, (tensors, meta) in (left or {}).items():  # what a run killed after those parts left
+            (store / "kv").mkdir(exist_ok=True)
+            save_file(tensors, store / "kv" / name, metadata=meta)
+        return _Prefiller(str(store), "tiny-llama", settings, None, "document", WINDOW)(
+            pa.table({"path": [str(doc)]})).to_pylist()
+
+    def part(name):
+        with safe_open(tmp_path / "whole" / "kv" / name, "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+    whole = run(tmp_path / "whole")
+    parts = list(dict.fromkeys(r["kv_file"] for r in whole))
+    assert len(parts) > 3 and {(r["doc_prefill"], r["doc_window"]) for r in whole} == {("document", WINDOW)}
+    # every part but the last left: the window slides over them before the last part is read
+    resumed = run(tmp_path / "resumed", {name: part(name) for name in parts[:-1]})
+    assert [(r["kv_file"], r["checksum"]) for r in resumed] == [(r["kv_file"], r["checksum"]) for r in whole]
+    # the first part left, changed where it lies: it is kept as found, and the parts after it read what it holds
+    tensors, meta = part(parts[0])
+    changed = {k: v + 0.5 if k.endswith(".values") else v for k, v in tensors.items()}
+    found = run(tmp_path / "changed", {parts[0]: (changed, meta)})
+    assert [r["kv_file"] for r in found] == [r["kv_file"] for r in whole]
+    with safe_open(tmp_path / "changed" / "kv" / parts[0], "pt") as f:
+        assert all(torch.equal(f.get_tensor(k), v) for k, v in changed.items())
+    assert all(a["checksum"] != b["checksum"] for a, b in zip(found, whole))
+    with lance.LanceStore.open_for_writing(tmp_path / "changed", settings) as st:
+        st.commit_rows(found, replace=[str(doc)])
+    with Store.open(tmp_path / "changed") as st:
+        (stored,) = st.documents()
+        assert (stored.prefill, stored.window) == ("document", WINDOW) and st.verify()["ok"]
 
 
 def test_a_ray_worker_killed_mid_ingest_leaves_the_store_consistent(tiny_dir, docs, tmp_path):
@@ -109,7 +172,7 @@ def test_a_ray_worker_killed_mid_ingest_leaves_the_store_consistent(tiny_dir, do
     report = ingest_ray([docs], store, actors=2, source=tiny_dir, chunk_tokens=32, progress=False)
     found, by_ray, chunks = _state(store)
     assert found["ok"] and len(by_ray) == len(TEXTS) + 12, (report, json.dumps(found)[:500])
-    assert chunks == sum(n for _, n in by_ray.values())
+    assert chunks == sum(n for _, n, *_ in by_ray.values())
 
 
 def _kill_an_actor(kv, deadline: float) -> bool:
@@ -138,3 +201,7 @@ def test_ray_ingest_into_a_sqlite_store_is_a_one_line_error(tiny_llama, docs, tm
     assert main(["ingest", str(docs), "--store", str(tmp_path / "x"), "--source", "tiny-llama", "--ray",
                  "--actors", "0"]) == 2
     assert "--actors must be at least 1" in capsys.readouterr().err
+    assert main(["ingest", str(docs), "--store", str(tmp_path / "x"), "--source", "tiny-llama", "--ray",
+                 "--window", "40"]) == 2  # refused before Ray starts: the window has no room for two chunks
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --window 40 is too small") and not (tmp_path / "x").exists()

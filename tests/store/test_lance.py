@@ -89,6 +89,86 @@ def _embed(text):
     return embed_query(text)
 
 
+# A document of about 700 tokens: with chunks of 32 tokens and a window of 200, it is read in parts of 84 tokens
+# at most, and slides past the window.
+HARBOUR = " ".join(f"Sentence {i} tells of harbour town {i} and its {i * 3} boats." for i in range(40))
+WINDOW = 200
+
+
+def test_a_document_read_whole_is_stored_in_lance_as_in_sqlite(tiny_llama, docs, tmp_path):
+    (docs / "harbour.txt").write_text(HARBOUR)
+    _ingest(docs, tmp_path / "sqlite", window=WINDOW)
+    report = _ingest(docs, tmp_path / "lance", manifest="lance", window=WINDOW)
+    assert len(report.added) == 3
+    with Store.open(tmp_path / "sqlite") as a, Store.open(tmp_path / "lance") as b:
+        assert [(d.path, d.n_chunks, d.n_tokens, d.prefill, d.window) for d in a.documents()] == \
+               [(d.path, d.n_chunks, d.n_tokens, d.prefill, d.window) for d in b.documents()]
+        assert {d.prefill for d in b.documents()} == {"document"} and {d.window for d in b.documents()} == {WINDOW}
+        info_a, info_b = a.summary()["per_document"], b.summary()["per_document"]
+        assert [(d["path"], d["prefill"], d["window"]) for d in info_a] == \
+               [(d["path"], d["prefill"], d["window"]) for d in info_b]
+        harbour = b.document(str((docs / "harbour.txt").resolve()))
+        assert len(b.kv_files(harbour)) > 3  # several parts: the window slid
+        for doc in a.documents():
+            ids_a, ids_b = a.chunk_ids(doc.path), b.chunk_ids(doc.path)
+            assert len(ids_a) == len(ids_b)
+            for ca, cb in zip(a.load_chunks(ids_a), b.load_chunks(ids_b)):
+                assert cb.context is not None and (ca.token_ids, ca.context) == (cb.token_ids, cb.context)
+                torch.testing.assert_close(ca.kv.keys, cb.kv.keys, rtol=0, atol=0)
+                torch.testing.assert_close(ca.kv.values, cb.kv.values, rtol=0, atol=0)
+        assert b.verify()["ok"]
+    # the same documents with each chunk prefilled alone: recorded so, and never named as the document's KV
+    _ingest(docs, tmp_path / "alone", manifest="lance", prefill="chunks")
+    with Store.open(tmp_path / "lance") as whole, Store.open(tmp_path / "alone") as alone:
+        assert {(d.prefill, d.window) for d in alone.documents()} == {("chunks", None)}
+        assert all(c.context is None for d in alone.documents() for c in alone.load_chunks(alone.chunk_ids(d.path)))
+        assert alone.summary()["per_document"][0]["prefill"] == "chunks"
+        names = {f for d in whole.documents() for f in whole.kv_files(d)}
+        assert names and not names & {f for d in alone.documents() for f in alone.kv_files(d)}
+
+
+def _drop_added_columns(store):
+    """Make the manifest's table what a cagkit before document caches wrote: without doc_prefill and doc_window."""
+    import lancedb
+
+    table = lancedb.connect(str(store / lance.MANIFEST)).open_table(lance.TABLE)
+    table.drop_columns(["doc_prefill", "doc_window"])
+    assert "doc_prefill" not in table.schema.names
+
+
+def _columns(store):
+    import lancedb
+
+    return lancedb.connect(str(store / lance.MANIFEST)).open_table(lance.TABLE).schema.names
+
+
+def test_a_lance_table_written_before_document_caches_is_read_as_chunks_and_takes_new_documents(tmp_path):
+    store = tmp_path / "s"
+    old_chunks, old_vectors = fake_chunks("one two three. four five.", seed=1)
+    with Store.open_for_writing(store, settings_for("fp"), manifest="lance") as st:
+        st.write_document("old", "a" * 64, old_chunks, old_vectors)
+    _drop_added_columns(store)
+    with Store.open(store) as st:  # a reader reads it as it is, and changes nothing
+        (doc,) = st.documents()
+        assert (doc.prefill, doc.window) == ("chunks", None) and st.document("old").prefill == "chunks"
+        assert st.summary()["per_document"][0]["prefill"] == "chunks" and st.verify()["ok"]
+        assert st.load_chunk(st.chunk_ids("old")[0]).context is None
+    assert "doc_prefill" not in _columns(store)
+    new_chunks, new_vectors = fake_chunks("six seven. eight nine ten.", seed=2)
+    for at, chunk in enumerate(new_chunks):
+        chunk.context = (at * 10, 3, 64, 4)
+    with Store.open_for_writing(store, settings_for("fp")) as st:  # a writer adds the columns as it opens the table
+        assert {"doc_prefill", "doc_window"} <= set(_columns(store))
+        _drop_added_columns(store)  # and again as it commits, should the table lack them by then
+        st.write_document("new", "b" * 64, new_chunks, new_vectors)
+    assert {"doc_prefill", "doc_window"} <= set(_columns(store))
+    with Store.open(store) as st:
+        assert [(d.path, d.prefill, d.window) for d in st.documents()] == [("new", "document", 64),
+                                                                           ("old", "chunks", None)]
+        assert [st.load_chunk(i).context for i in st.chunk_ids("new")] == [c.context for c in new_chunks]
+        assert st.verify()["ok"]
+
+
 def test_a_lance_store_is_incremental_and_replaces_a_document_whole(tiny_llama, docs, tmp_path):
     store = tmp_path / "lance"
     _ingest(docs, store, manifest="lance")
@@ -155,6 +235,35 @@ def test_kv_file_names_are_content_hashes_the_same_in_every_process():
     assert other == name and len(name) == len("0" * 64 + ".safetensors")
     assert lance.kv_file_name(settings, 1, [[1, 2, 3], [4]]) != name
     assert lance.kv_file_name(settings_for("other"), 0, [[1, 2, 3], [4]]) != name
+    # chunks prefilled in their document are named by their context and the part before too; alone, by neither
+    assert lance.kv_file_name(settings, 0, [[1, 2, 3], [4]], [None, None], before="x") == name
+    read = lance.kv_file_name(settings, 0, [[1, 2, 3], [4]], [(0, 5, 100, 4), (3, 5, 100, 4)])
+    assert read != name
+    assert lance.kv_file_name(settings, 0, [[1, 2, 3], [4]], [(0, 5, 200, 4), (3, 5, 200, 4)]) != read
+    after = lance.kv_file_name(settings, 0, [[1, 2, 3], [4]], [(0, 5, 100, 4), (3, 5, 100, 4)], before=read)
+    assert after not in (read, name)
+
+
+def test_a_part_read_in_its_document_is_named_by_what_was_read_before_it(tmp_path):
+    """Two documents whose second parts hold the same tokens at the same places: read alone, the part is the same
+    KV and one file serves both; read in its document, it attended to a different first part, so it is another."""
+    def write(st, path, seed, context):
+        first, vectors = fake_chunks("one two three. four five.", seed=seed)
+        second, more = fake_chunks("six seven. eight nine ten.", seed=7)
+        for at, chunk in enumerate(first + second):
+            chunk.context = (at * 3, 2, 64, 4) if context else None
+        with st.document_writer(path, path.ljust(64, "0")) as writer:
+            writer.add(first, vectors)
+            writer.add(second, more)
+            writer.commit()
+        return st.kv_files(st.document(path))
+
+    with Store.open_for_writing(tmp_path / "s", settings_for("fp"), manifest="lance") as st:
+        a, b = write(st, "a", 1, False), write(st, "b", 2, False)
+        assert a[0] != b[0] and a[1] == b[1]
+        a, b = write(st, "c", 1, True), write(st, "d", 2, True)
+        assert a[0] != b[0] and a[1] != b[1]
+        assert st.verify()["ok"]
 
 
 # -- on an S3-compatible server ------------------------------------------------------------------------------
@@ -171,12 +280,14 @@ def test_a_store_on_s3_written_by_one_process_is_read_by_another(tiny_llama, doc
             hits = retrieve(st, {QUESTIONS[0]!r}, 2, "hybrid")
             chunk = st.load_chunk(hits[0].chunk_id)
             print(json.dumps({{"docs": len(st.documents()), "ok": st.verify()["ok"], "top": hits[0].text,
-                              "tokens": len(chunk.token_ids), "layers": chunk.kv.keys.shape[0]}}))
+                              "tokens": len(chunk.token_ids), "layers": chunk.kv.keys.shape[0],
+                              "prefill": sorted({{d.prefill for d in st.documents()}}), "context": chunk.context}}))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=s3.env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["docs"] == 2 and seen["ok"] and "Mara Ellison" in seen["top"] and seen["layers"] == 2
+    assert seen["prefill"] == ["document"] and seen["context"] is not None  # ingest reads a document whole
     with Store.open(url) as st:
         found = st.verify()
         assert found["ok"] and not found["orphans"] and not found["missing"]
@@ -287,10 +398,12 @@ def test_store_migrate_copies_a_sqlite_store_to_s3_as_stored(tiny_llama, docs, t
     with Store.open(tmp_path / "sqlite") as a, Store.open(url) as b:
         assert isinstance(b, lance.LanceStore) and b.settings == a.settings and b.verify()["ok"]
         for doc in a.documents():
-            assert b.document(doc.path).sha256 == doc.sha256
+            copied = b.document(doc.path)
+            assert copied.sha256 == doc.sha256 and (copied.prefill, copied.window) == (doc.prefill, doc.window)
+            assert doc.prefill == "document"
             for ia, ib in zip(a.chunk_ids(doc.path), b.chunk_ids(doc.path), strict=True):
                 ca, cb = a.load_chunk(ia), b.load_chunk(ib)
-                assert (ca.text, ca.token_ids, ca.idx) == (cb.text, cb.token_ids, cb.idx)
+                assert (ca.text, ca.token_ids, ca.idx, ca.context) == (cb.text, cb.token_ids, cb.idx, cb.context)
                 torch.testing.assert_close(ca.kv.values, cb.kv.values, rtol=0, atol=0)
         q = _embed(QUESTIONS[1])
         assert [(h.doc_path, h.idx) for h in a.search(q, 2)] == [(h.doc_path, h.idx) for h in b.search(q, 2)]
