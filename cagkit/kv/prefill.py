@@ -93,11 +93,24 @@ def prefill_kv_batch(model, sequences: list[list[int]], tables: RotaryTables | N
 
 @torch.no_grad()
 def prefix_cache(model, prefix_ids: list[int]) -> DynamicCache:
-    """Prefill the target-native prefix (chat header, BOS) into a cache shaped by the model's config."""
+    """The target-native prefix (chat header, BOS) prefilled into a cache shaped by the model's config.
+
+    The prefix is the same for every question, so its KV is computed once per model and prefix (the decoder
+    alone: no LM head over its tokens) and each call gets a cache of its own holding a copy."""
     cache = DynamicCache(config=model.config)
-    if prefix_ids:
-        model(input_ids=torch.tensor([prefix_ids], dtype=torch.long, device=model_device(model)), cache=cache,
-              use_cache=True)
+    if not prefix_ids:
+        return cache
+    memo = model.__dict__.setdefault("_cagkit_prefix_kv", {})
+    key = tuple(prefix_ids)
+    if key not in memo:
+        built = DynamicCache(config=model.config)
+        ids = torch.tensor([prefix_ids], dtype=torch.long, device=model_device(model))
+        decoder_stack(model)(input_ids=ids, cache=built, use_cache=True)
+        if len(memo) >= 8:  # a few prompts' prefixes per model (one per chat template in practice)
+            memo.pop(next(iter(memo)))
+        memo[key] = [(layer.keys, layer.values) for layer in built.layers]
+    for layer, (keys, values) in enumerate(memo[key]):
+        cache.update(keys.clone(), values.clone(), layer)
     return cache
 
 
