@@ -395,13 +395,14 @@ class LanceStore(Store):
             listing[name] = {"size": entry.get("size") or 0, "modified": float(modified)}
         return listing
 
-    def summary(self) -> dict:
+    def summary(self, checksums: bool = True) -> dict:
         sizes = {name: e["size"] for name, e in self._kv_listing().items()}
         documents = []
         for doc in self.documents():
             documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
                               "kv_bytes": sum(sizes.get(f, 0) for f in self.kv_files(doc)),
-                              "state": "ok" if self.is_intact(doc) else "damaged", "metadata": doc.metadata})
+                              "state": "ok" if self.is_intact(doc, checksums) else "damaged",
+                              "metadata": doc.metadata})
         return {"store": self.path, "settings": dict(self.settings.__dict__), "documents": len(documents),
                 "chunks": sum(d["chunks"] for d in documents), "tokens": sum(d["tokens"] for d in documents),
                 "bytes": sum(sizes.values()), "per_document": documents}

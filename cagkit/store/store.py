@@ -343,13 +343,15 @@ class SQLiteStore(Store):
         self._drop_unreferenced(files)
         self._index = None
 
-    def summary(self) -> dict:
+    def summary(self, checksums: bool = True) -> dict:
         """What the store holds, for people and scripts (`cagkit store info`): its settings, totals and, per
-        document, chunks, tokens, KV bytes on disk and state: `ok` or `damaged` (re-ingest it). The state reads
-        the KV files' headers only; `verify` reads every checksum too."""
+        document, chunks, tokens, KV bytes on disk and state: `ok` or `damaged` (re-ingest it). The state is the
+        one `verify` gives the document: every chunk's tensors are read and checked against their checksum;
+        without `checksums` only the KV files' headers are read (quick on a big store, but tensor bytes changed
+        under an intact header go unnoticed)."""
         documents = []
         for doc in self.documents():
-            state = "ok" if self.is_intact(doc) else "damaged"
+            state = "ok" if self.is_intact(doc, checksums) else "damaged"
             documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
                               "kv_bytes": sum(_size(self.path / "kv" / f) for f in self.kv_files(doc)),
                               "state": state, "metadata": doc.metadata})

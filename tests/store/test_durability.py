@@ -136,6 +136,27 @@ def test_changed_tensor_bytes_are_found_named_and_rebuilt(tiny_llama, dup, tmp_p
     assert _cli("store", "verify", "--store", store) == 0
 
 
+def test_store_info_agrees_with_verify_on_changed_tensor_bytes(tiny_llama, dup, tmp_path, capsys):
+    store = tmp_path / "s"
+    _ingest(dup, store)
+    y = str((dup / "y.txt").resolve())
+    with Store.open(store) as st:
+        _damage_tensor_bytes(store / "kv" / st.kv_files(st.document(y))[0])
+    x = str((dup / "x.txt").resolve())
+
+    def states() -> dict:  # per document row of `store info`: chunks, tokens, KV MB, state, path
+        return {line.split()[-1]: line.split()[3] for line in capsys.readouterr().out.splitlines() if ".txt" in line}
+
+    assert _cli("store", "info", "--store", store) == 1
+    assert states() == {y: "damaged", x: "ok"}
+    assert _cli("store", "info", "--store", store, "--json") == 1
+    assert {d["path"]: d["state"] for d in json.loads(capsys.readouterr().out)["per_document"]} == {y: "damaged",
+                                                                                                   x: "ok"}
+    # --quick reads the headers alone, which are intact (its --help says what it leaves unchecked)
+    assert _cli("store", "info", "--store", store, "--quick") == 0
+    assert states() == {y: "ok", x: "ok"}
+
+
 @pytest.mark.parametrize("manifest", ["sqlite", "lance"])
 @pytest.mark.parametrize("replaced", ["a", "b"])
 def test_a_chunk_whose_document_was_replaced_after_the_search_is_skipped_with_the_reason(tmp_path, manifest,
