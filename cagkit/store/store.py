@@ -709,6 +709,16 @@ def is_store(location: str | Path) -> bool:
     return (path / "manifest.sqlite").exists() or lance.is_lance_store(path)
 
 
+def check_location(location: str | Path) -> None:
+    """Refuse a local `location` that cannot be or become a store: a file, or a folder with other things in it
+    that holds no store of either kind (a URL is checked when it is opened). `cagkit serve` checks its --store
+    with it before it listens, as the other commands refuse such a --store when they open it."""
+    from cagkit.store import lance
+
+    if not lance.is_url(location) and not is_store(location):
+        _check_store_folder(Path(location))
+
+
 def _size(file: Path) -> int:
     try:
         return file.stat().st_size

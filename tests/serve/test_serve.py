@@ -382,6 +382,22 @@ def test_serve_command_refuses_bad_options_and_a_missing_extra(tmp_path, capsys,
     assert err.count("\n") == 1 and "pip install 'cagkit[serve]'" in err
 
 
+def test_serve_refuses_a_file_or_a_foreign_folder_as_store_before_it_listens(tmp_path, capsys, monkeypatch):
+    uvicorn = pytest.importorskip("uvicorn")
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("cagkit serve listened"))
+    file = tmp_path / "store.txt"
+    file.write_text("a file")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.md").write_text("mine")
+    for store, words in ((file, f"store {file} is a file"),
+                         (tmp_path / "mine", "is not empty and is not a cagkit store")):
+        # an unknown model would be refused too, later: the store is checked first, as the other commands do
+        assert main(["serve", "--store", str(store), "--models", "llama-9000"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and "--store" in err
+    assert file.read_text() == "a file" and (tmp_path / "mine" / "notes.md").read_text() == "mine"
+
+
 def test_serve_binds_to_this_machine_by_default():
     from cagkit.cli import build_parser
 
