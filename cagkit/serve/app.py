@@ -280,8 +280,10 @@ class ServerState:
             return {"documents": 0, "chunks": 0, "bytes": self.reader.disk_bytes()}
 
 
-def _fit(lm, hits, room: int):
-    """The best-ranked hits whose text fits in `room` target tokens; the rest are dropped, worst first."""
+def _fit(lm, hits, room: int, max_new_tokens: int) -> tuple[list, list[dict]]:
+    """The best-ranked hits whose text fits in `room` target tokens, and the rest, dropped worst first, as the
+    answer's `skipped` entries (reason `no_room`). A ContextTooLong, saying how much room there was, when not even
+    the best hit fits: an answer from no context at all would not be an answer from the store."""
     kept, used = [], 0
     for hit in hits:  # best first
         need = lm.count_tokens(hit.text) + CHUNK_MARGIN_TOKENS
@@ -289,7 +291,14 @@ def _fit(lm, hits, room: int):
             break
         kept.append(hit)
         used += need
-    return kept
+    if hits and not kept:
+        raise ContextTooLong(f"no retrieved chunk fits in {lm.name}'s context: the question and max_tokens "
+                             f"{max_new_tokens} leave {room} tokens, and the best chunk ({hits[0].doc_path}, chunk "
+                             f"{hits[0].idx}) needs {need}; lower max_tokens or shorten the question")
+    dropped = [{"document": h.doc_path, "chunk": h.idx, "reason": "no_room",
+                "error": f"left out: the {len(kept)} better chunks filled the {room} tokens that the question and "
+                         f"max_tokens {max_new_tokens} leave in {lm.name}'s context"} for h in hits[len(kept):]]
+    return kept, dropped
 
 
 class Answering:
@@ -325,10 +334,11 @@ class Answering:
                 raise CagkitError(f"none of the documents {', '.join(q.documents)[:300]} is in the store; name "
                                   f"stored documents (POST /v1/retrieve shows their ids) or leave 'documents' out")
             retrieved = time.perf_counter()
-            hits = _fit(lm, hits, room)
+            hits, dropped = _fit(lm, hits, room, q.max_new_tokens)
             answer = answer_from_chunks(lm, store, hits, q.question, q.mode, q.max_new_tokens, self._on_text,
                                         started=started, retrieved=retrieved, placement=q.placement)
             answer.retrieval = q.retrieval
+            answer.skipped += dropped
             completion = lm.count_tokens(answer.answer) if answer.answer else 0
             if self.first_token_s is None:
                 self._first_token()

@@ -295,6 +295,31 @@ def test_errors_reach_the_openai_client_and_unknown_routes_are_openai_errors(set
     assert _chat(url, alpha, max_tokens=3).status_code == 200
 
 
+def test_chunks_that_do_not_fit_beside_max_tokens_are_named_and_none_fitting_is_a_400(setup):
+    from cagkit.generation import context_room, prompt_parts
+    from cagkit.models.loading import load_model
+    from cagkit.retrieval.search import retrieve
+    from cagkit.serve.app import CHUNK_MARGIN_TOKENS
+    from cagkit.store.store import Store
+
+    url, alpha = setup["main"].url, setup["alpha"]
+    lm = load_model(alpha)  # the server's model, here, to size max_tokens against its context
+    room = context_room(lm, *prompt_parts(lm, QUESTION), 0)  # context tokens left beside the question
+    for mode in ("select", "native", "mot"):
+        reply = _chat(url, alpha, mode=mode, max_tokens=room - 10)  # 10 tokens left: no chunk fits
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "context_length_exceeded" and "leave 10 tokens" in error["message"], error
+    with Store.open(setup["store"]) as st:
+        best = retrieve(st, QUESTION, 4, "hybrid")
+    need = lm.count_tokens(best[0].text) + CHUNK_MARGIN_TOKENS
+    body = _chat(url, alpha, max_tokens=room - need, top_k=4).json()  # room for the best chunk alone
+    assert [(s["document"], s["chunk"]) for s in body["cagkit"]["sources"]] == [(best[0].doc_path, best[0].idx)]
+    dropped = body["cagkit"]["skipped"]
+    assert [(d["document"], d["chunk"]) for d in dropped] == [(h.doc_path, h.idx) for h in best[1:]]
+    assert {d["reason"] for d in dropped} == {"no_room"} and f"the {need} tokens" in dropped[0]["error"]
+
+
 def test_api_key_missing_store_and_least_recently_used_unload(setup):
     url, alpha, beta = setup["locked"].url, setup["alpha"], setup["beta"]
     assert httpx.get(f"{url}/v1/models").status_code == 401
