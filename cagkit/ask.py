@@ -163,7 +163,9 @@ def answer_from_chunks(
         "total_ms": (end - started) * 1e3,
         "tokens_per_s": decoded / gen.decode_s if decoded and gen.decode_s else 0.0,
     }
-    sources = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in hits]
+    left_out = {(s["document"], s["chunk"]) for s in context.skipped}  # not read: not a source of the answer
+    sources = [{"document": h.doc_path, "chunk": h.idx, "score": round(h.score, 4)} for h in hits
+               if (h.doc_path, h.idx) not in left_out]
     return Answer(gen.text, sources, timings, lm.name, context.mode, context.context_tokens, context.placement,
                   skipped=context.skipped)
 
