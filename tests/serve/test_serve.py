@@ -295,6 +295,27 @@ def test_errors_reach_the_openai_client_and_unknown_routes_are_openai_errors(set
     assert _chat(url, alpha, max_tokens=3).status_code == 200
 
 
+def test_a_huge_question_is_refused_without_waiting_for_the_model(setup):
+    from cagkit.serve.app import MAX_QUESTION_CHARS
+
+    url, alpha = setup["main"].url, setup["alpha"]
+    huge = "word " * (MAX_QUESTION_CHARS // 5 + 1)
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120,
+                      json={"model": alpha, "messages": [{"role": "user", "content": QUESTION}], "stream": True,
+                            "max_tokens": 1000}) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if '"content": "' in line and '"content": ""' not in line)  # alpha is busy
+        refused = _chat(url, alpha, huge)
+        refused_at = time.time()
+        final = [json.loads(e) for e in _sse(lines) if e != "[DONE]"][-1]
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    # refused while alpha was still answering the request before it, not after it in alpha's queue
+    assert refused_at < final["cagkit"]["served"]["end"]
+    assert f"{MAX_QUESTION_CHARS:,}" in refused.json()["error"]["message"]
+    query = httpx.post(f"{url}/v1/retrieve", json={"query": huge})  # the embedder's queue is spared too
+    assert query.status_code == 400 and query.json()["error"]["param"] == "query"
+
+
 def test_chunks_that_do_not_fit_beside_max_tokens_are_named_and_none_fitting_is_a_400(setup):
     from cagkit.generation import context_room, prompt_parts
     from cagkit.models.loading import load_model
@@ -330,6 +351,10 @@ def test_api_key_missing_store_and_least_recently_used_unload(setup):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).models.list()
 
+    for header in (f"bearer {KEY}", f"BEARER  {KEY}"):  # the scheme is case-insensitive (RFC 7235)
+        assert httpx.get(f"{url}/v1/models", headers={"Authorization": header}).status_code == 200, header
+    for header in (KEY, f"Basic {KEY}", f"Bearer {KEY}x", "Bearer"):
+        assert httpx.get(f"{url}/v1/models", headers={"Authorization": header}).status_code == 401, header
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
     assert [m.id for m in client.models.list().data] == [alpha, beta]
     loaded = {m["id"]: m["loaded"] for m in client.models.list().model_dump()["data"]}
