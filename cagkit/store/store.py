@@ -139,6 +139,10 @@ class ChunkGoneError(StoreError):
     """A chunk a search returned whose document another writer replaced or removed before the chunk was read."""
 
 
+class StoreBusyError(StoreError):
+    """A store that another process is writing, opened for writing without `wait`."""
+
+
 class DamagedChunkError(StoreError):
     """A stored chunk whose KV file is missing, does not parse, or does not match the checksum recorded for it."""
 
@@ -776,8 +780,8 @@ def _lock_for_writing(path: Path, wait: bool = False):
     handle = _try_lock(path)
     if handle is None:
         if not wait:
-            raise StoreError(f"store {path} is being written by another cagkit ingest; wait for it to finish, or pass "
-                             f"--wait to wait for it")
+            raise StoreBusyError(f"store {path} is being written by another cagkit ingest; wait for it to finish, or "
+                                 f"pass --wait to wait for it")
         print(f"store {path} is being written by another cagkit process; waiting for it", file=sys.stderr, flush=True)
         handle = _open_lock(path)
         fcntl.flock(handle, fcntl.LOCK_EX)

@@ -418,6 +418,24 @@ def test_ingest_while_answering_never_shows_a_half_written_document(setup):
     assert bad.status_code == 400 and "/no/such/folder" in bad.json()["error"]["message"]
 
 
+def test_an_ingest_job_waits_while_another_process_writes_the_store(setup):
+    from cagkit.store.store import Store
+
+    url, store = setup["main"].url, setup["store"]
+    with Store.open(store) as st:
+        settings = st.settings
+    with Store.open_for_writing(store, settings):  # what a `cagkit ingest` holds while it runs
+        job = httpx.post(f"{url}/v1/ingest", json={"texts": [{"id": "notes/harbour.txt", "text": FILLER + "The "
+                                                              "harbour master rings the bell at noon."}]}).json()
+        job_url = f"{url}/v1/jobs/{job['id']}"
+        while (status := httpx.get(job_url).json())["status"] in ("queued", "running"):
+            time.sleep(0.05)
+        assert status["status"] == "waiting" and status["done"] == 0, status
+    while (status := httpx.get(job_url).json())["status"] not in ("succeeded", "failed"):
+        time.sleep(0.05)
+    assert status["status"] == "succeeded" and status["added"] == ["notes/harbour.txt"], status
+
+
 def test_serve_command_refuses_bad_options_and_a_missing_extra(tmp_path, capsys, monkeypatch):
     assert main(["serve", "--models", "smollm2,smollm2"]) == 2
     assert "names a model twice" in capsys.readouterr().err
