@@ -29,7 +29,7 @@ from pathlib import Path
 
 from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SOURCE
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning, StoreError
-from cagkit.ingest.documents import find_documents, read_document
+from cagkit.ingest.documents import document_path, find_documents, read_document
 from cagkit.ingest.pipeline import PART_TOKENS, IngestReport, _parts, _still_there, _token_ends, prefill_chunks
 from cagkit.store.store import NewChunk, Store, StoreSettings, check_dtype
 
@@ -67,7 +67,7 @@ def ingest_ray(
     if actors < 1:
         raise CagkitError(f"--actors must be at least 1, got {actors}")
     check_dtype(dtype)
-    files = [str(f.resolve()) for f in find_documents(paths)]
+    files = [document_path(f) for f in find_documents(paths)]
     lm = load_model(source, "cpu")  # the settings need its fingerprint; the actors load their own
     settings = StoreSettings(source=lm.name, source_fingerprint=lm.fingerprint, dtype=dtype,
                              chunk_tokens=chunk_tokens, embedder=EMBEDDER_NAME)

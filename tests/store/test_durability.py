@@ -400,6 +400,34 @@ def test_a_symlink_loop_is_reported_as_one(tmp_path):
         find_documents([tmp_path / "a.txt"])
 
 
+def test_links_in_a_folder_are_stored_where_linked_or_named_as_skipped(tiny_llama, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    (elsewhere / "ferry.txt").write_text(FERRY)
+    (elsewhere / "sub" / "note.txt").write_text(REPAINTED)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "own.txt").write_text(ORLIMAR)
+    (docs / "ferry.txt").symlink_to(elsewhere / "ferry.txt")  # a file linked into the folder
+    (docs / "sub").symlink_to(elsewhere / "sub")  # a folder linked into it: not followed
+    (docs / "gone.txt").symlink_to(tmp_path / "nothing.txt")
+    (docs / "loop").symlink_to(docs / "loop")
+    store = tmp_path / "s"
+    assert _cli("ingest", docs, "--store", store, "--source", "tiny-llama", "--chunk-tokens", 32, "--quiet") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert sorted(line.split(": ", 1)[0] for line in err) == [f"skipped {docs / name}" for name in
+                                                             ("gone.txt", "loop", "sub")]
+    assert any("a symbolic link to a folder" in line and "ingest its target" in line for line in err)
+    assert any("a broken symbolic link" in line for line in err) and any("link loop" in line for line in err)
+    with Store.open(store) as st:
+        assert sorted(d.path for d in st.documents()) == [str(docs.resolve() / "ferry.txt"),
+                                                          str((docs / "own.txt").resolve())]
+    assert _cli("store", "remove", docs, "--store", store) == 0  # the folder's documents, the linked one too
+    with Store.open(store) as st:
+        assert st.documents() == []
+    assert (elsewhere / "ferry.txt").read_text() == FERRY  # the link's target is only read
+
+
 # -- 5: long documents in parts --------------------------------------------------------------------------------
 
 LONG = "\n\n".join(f"Paragraph {i} says that the tide at pier {i} turns at {i % 12 + 1} o'clock." for i in range(40))
