@@ -54,7 +54,7 @@ class Answer:
     retrieval: str | None = None  # how `ask` ranked the chunks (`cagkit.retrieval`); None when they were given
     # retrieved chunks left out: their stored KV is damaged, or their document was replaced since the search
     # ({"document", "chunk", "reason": "damaged" or "replaced", "error"} each), and documents left out at
-    # document scope for room ({"document", "reason": "room", "error"})
+    # document scope for room ({"document", "reason": "no_room", "error"})
     skipped: list[dict] = field(default_factory=list)
     scope: str = "chunks"  # what was placed: whole `document`s or the retrieved `chunks`
     documents: list[str] = field(default_factory=list)  # at document scope, the documents placed, in order
@@ -172,7 +172,7 @@ def choose_scope(store: Store, hits: list[Hit], scope: str, budget: int) -> tupl
     """What to place for the retrieved `hits`: (the chunks to place, the scope used, documents left out).
 
     `document`: the documents of `hits`, in the order of their best hit, each whole (every chunk, in order),
-    as many as fit `budget` tokens; a document that does not fit is left out (reason `room`), and when not even
+    as many as fit `budget` tokens; a document that does not fit is left out (reason `no_room`), and when not even
     the first fits, the error names its size and `--scope chunks`. `chunks`: `hits` themselves. `auto`: the
     documents when all of them fit, else `hits`."""
     check_scope(scope)
@@ -193,7 +193,7 @@ def choose_scope(store: Store, hits: list[Hit], scope: str, budget: int) -> tupl
             if not placed and doc_hits:
                 raise CagkitError(f"document {path} is {size} tokens, over the {budget} the target has room for "
                                   f"at document scope; pass --scope chunks (or auto) to place its retrieved chunks")
-            left_out.append({"document": path, "reason": "room" if doc_hits else "replaced",
+            left_out.append({"document": path, "reason": "no_room" if doc_hits else "replaced",
                              "error": f"{size} tokens, {budget - used} left of {budget}" if doc_hits
                              else "no longer in the store"})
             continue

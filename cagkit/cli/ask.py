@@ -48,7 +48,7 @@ def run(args) -> int:
                  blend=args.blend, blend_select=args.blend_select, device=args.device, retrieval=args.retrieval,
                  scope=args.scope)
     for skipped in result.skipped:
-        if skipped["reason"] == "room":
+        if skipped["reason"] == "no_room":
             print(f"warning: left out document {skipped['document']}: it does not fit beside the others "
                   f"({skipped['error']}); lower --top-k or pass --scope chunks", file=sys.stderr, flush=True)
             continue

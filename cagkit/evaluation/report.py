@@ -352,13 +352,16 @@ def _placement_label(settings: dict) -> str:
         retrieval += f" of {settings['chunk_tokens']}-token chunks"
     if mode := _named_retrieval(settings):
         retrieval += f" by {mode} retrieval"
+    if settings.get("scope", "chunks") != "chunks":  # runs before --scope placed the retrieved chunks
+        retrieval += {"document": ", their documents whole"}.get(settings["scope"], f", scope {settings['scope']}")
     return retrieval + (Placement.from_settings(settings).describe() or ", as stored")
 
 
 def _method_placement(run: dict, scores: dict) -> str:
     """`_placement_label` of how one method placed the context: the run's, unless the method records its own
-    (`mot-placed` never blends)."""
-    return _placement_label({**(run.get("settings") or {}), **(scores.get("placement") or {})})
+    (`mot-placed` never blends; a method may name its own scope, as `native@chunks`)."""
+    own = {"scope": scores["scope"]} if scores.get("scope") else {}
+    return _placement_label({**(run.get("settings") or {}), **(scores.get("placement") or {}), **own})
 
 
 def _parse_spec(spec: str) -> tuple[Path, str]:

@@ -185,7 +185,10 @@ def run_eval(
                      "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if _base(m) in TARGET_NATIVE
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
         for m in methods:  # a method that places chunks otherwise than the run's settings say records how
-            if (own := _placement(m, placement)) != placement:
+            own = _placement(m, placement)
+            if not blend_given and (_own_scope(m) or scope) == "document" and own.blend:
+                own = replace(own, blend=default_blend(_mode(m), "document")).effective()
+            if own != placement:
                 about[m]["placement"] = own.settings()
             if _own_scope(m):
                 about[m]["scope"] = _own_scope(m)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_PREFILL, DEFAULT_SOURCE
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning, StoreError
-from cagkit.ingest.documents import find_documents, read_document
+from cagkit.ingest.documents import document_path, find_documents, read_document
 from cagkit.ingest.pipeline import (
     PART_TOKENS,
     DocumentReading,
@@ -84,7 +84,7 @@ def ingest_ray(
         raise CagkitError(f"--actors must be at least 1, got {actors}")
     check_dtype(dtype)
     check_prefill(prefill, window)
-    files = [str(f.resolve()) for f in find_documents(paths)]
+    files = [document_path(f) for f in find_documents(paths)]
     lm = load_model(source, "cpu")  # the settings need its fingerprint; the actors load their own
     if prefill == "document":
         DocumentReading.of(lm, chunk_tokens, window)  # a window too small for the chunks: an error before Ray starts

@@ -14,7 +14,7 @@ from pathlib import Path
 import bs4
 import pypdf
 
-from cagkit.errors import CagkitError, DocumentError
+from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
 
 SUPPORTED_SUFFIXES: frozenset[str] = frozenset({".txt", ".md", ".rst", ".html", ".htm", ".pdf"})
 
@@ -30,8 +30,21 @@ def _supported_list() -> str:
 # --- finding documents -------------------------------------------------------------------------
 
 
-def find_documents(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand files and folders (recursively) into a sorted list of supported files, skipping hidden ones."""
+def document_path(file: str | Path) -> str:
+    """The name a document file is stored under: its absolute path with its folders resolved but its own name
+    kept, so that a file symlinked into a folder is stored in that folder (and `cagkit store remove FOLDER`
+    drops it) rather than under its target's path."""
+    file = Path(file).expanduser().absolute()
+    return str(file.parent.resolve() / file.name)
+
+
+def find_documents(paths: Iterable[str | Path], skipped: list[tuple[str, str]] | None = None) -> list[Path]:
+    """Expand files and folders (recursively) into a sorted list of supported files, skipping hidden ones.
+
+    Symbolic links inside a folder that are not read are reported, each with a SkippedDocumentWarning and, when
+    `skipped` is given, a (path, reason) appended to it: a link to a folder (not followed, so a walk can neither
+    loop nor leave the folder), a broken link and a link loop. A link to a supported file is read, and stored
+    under the link's own path (`document_path`)."""
     names: list[str] = []
     found: set[Path] = set()
     for raw in paths:
@@ -40,7 +53,7 @@ def find_documents(paths: Iterable[str | Path]) -> list[Path]:
         if not path.exists():
             raise CagkitError(_missing(raw, path))
         if path.is_dir():
-            found.update(_walk(path))
+            found.update(_walk(path, skipped))
         elif path.suffix.lower() in SUPPORTED_SUFFIXES:
             found.add(path)
         else:
@@ -60,29 +73,52 @@ def find_documents(paths: Iterable[str | Path]) -> list[Path]:
 
 def _missing(raw, path: Path) -> str:
     """Why `path` cannot be read, for a path that does not exist: a symbolic link loop, a broken link, or nothing."""
+    return f"{raw}: {_broken_link(path) or 'no such file or folder; check the path'}"
+
+
+def _broken_link(path: Path) -> str | None:
+    """Why a symbolic link cannot be followed (a loop, or a link to nothing), with the fix; None otherwise."""
     import errno
 
     try:
         os.stat(path)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return f"{raw}: a symbolic link loop (following it leads back to itself); point at the real file or folder"
-    if path.is_symlink():
-        return f"{raw}: a broken symbolic link (to {os.readlink(path)}, which does not exist); fix the link or the path"
-    return f"{raw}: no such file or folder; check the path"
+            return "a symbolic link loop (following it leads back to itself); point at the real file or folder"
+    if path.is_symlink() and not path.exists():
+        return f"a broken symbolic link (to {os.readlink(path)}, which does not exist); fix the link or the path"
+    return None
 
 
-def _walk(root: Path) -> list[Path]:
-    """Supported files under root; hidden names below root are skipped, symlinked folders not followed."""
+def _walk(root: Path, skipped: list[tuple[str, str]] | None = None) -> list[Path]:
+    """Supported files under root; hidden names below root are skipped, symlinked folders not followed (each
+    link not read is reported: `find_documents`)."""
     files = []
     for folder, dirnames, filenames in os.walk(root, onerror=_walk_error):
         # Pruning in place stops os.walk from descending into hidden folders (.git, .venv, ...).
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in dirnames:
+            path = Path(folder, name)
+            if path.is_symlink():  # os.walk lists it and, not following links, never enters it
+                _skip(skipped, path, f"a symbolic link to a folder ({os.readlink(path)}), not followed inside a "
+                                     f"folder; ingest its target as a path of its own")
         for name in filenames:
             path = Path(folder, name)
-            if not name.startswith(".") and path.suffix.lower() in SUPPORTED_SUFFIXES and path.is_file():
+            if name.startswith("."):
+                continue
+            broken = _broken_link(path) if path.is_symlink() else None
+            if broken:  # whatever its name: it may stand for a folder
+                _skip(skipped, path, broken)
+            elif path.suffix.lower() in SUPPORTED_SUFFIXES and path.is_file():
                 files.append(path)
     return files
+
+
+def _skip(skipped: list[tuple[str, str]] | None, path: Path, reason: str) -> None:
+    """Report a path `find_documents` does not read: a warning, and a (path, reason) in `skipped`."""
+    warnings.warn(f"{path}: {reason}", SkippedDocumentWarning, stacklevel=4)
+    if skipped is not None:
+        skipped.append((str(path), reason))
 
 
 def _walk_error(error: OSError) -> None:

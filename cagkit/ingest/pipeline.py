@@ -17,7 +17,7 @@ from pathlib import Path
 from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_PREFILL, DEFAULT_SOURCE, DEFAULT_STORE, PREFILL_KINDS
 from cagkit.errors import CagkitError, DocumentError, SkippedDocumentWarning
 from cagkit.ingest.chunking import Chunk, check_chunk_tokens, chunk_text
-from cagkit.ingest.documents import find_documents, read_document
+from cagkit.ingest.documents import document_path, find_documents, read_document
 from cagkit.kv.prefill import SINK_TOKENS, DocumentPrefill, prefill_kv_batch
 from cagkit.kv.rope import RotaryTables
 from cagkit.models.loading import load_model
@@ -88,8 +88,8 @@ def ingest(
     interrupted run keeps what it finished and the next run does the rest (a long document it was writing is
     begun again).
     """
-    files = find_documents(paths)
     report = IngestReport()
+    files = find_documents(paths, skipped=report.failed)  # links in folders that are not read are listed too
 
     def read_files():
         for file in files:
@@ -100,7 +100,7 @@ def ingest(
                 warnings.warn(str(exc), SkippedDocumentWarning, stacklevel=4)
                 report.failed.append((str(file), str(exc)))
                 continue
-            yield str(file.resolve()), text, None
+            yield document_path(file), text, None
 
     keep = _still_there if prune else None
     return _ingest_documents(read_files(), report, store, source, chunk_tokens, keep, dtype, progress, device, wait,
@@ -437,8 +437,9 @@ def remove(paths: list[str | Path], store: str | Path = DEFAULT_STORE) -> list[s
         stored = [doc.path for doc in st.documents()]
         chosen, unmatched = [], []
         for given in paths:
-            as_file = str(Path(given).expanduser().resolve())
-            found = [p for p in stored if p in (str(given), as_file) or p.startswith(as_file.rstrip("/") + "/")]
+            as_file = str(Path(given).expanduser().resolve())  # a folder, or a file stored under its target
+            found = [p for p in stored if p in (str(given), as_file, document_path(given))
+                     or p.startswith(as_file.rstrip("/") + "/")]
             (chosen.extend(found) if found else unmatched.append(str(given)))
         if unmatched:
             raise CagkitError(f"no document in store {store} is or lies under {', '.join(unmatched)}; "

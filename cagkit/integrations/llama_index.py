@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncGenerator, Generator, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine

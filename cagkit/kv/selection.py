@@ -17,12 +17,13 @@ from cagkit.retrieval.embeddings import embed_query, embed_sentences
 
 def budget(ratio: float, total: int) -> int:
     """How many of `total` context tokens a share `ratio` selects: the nearest whole number, at least one (so at
-    most ceil(ratio * total) for any ratio above 0)."""
-    return max(1, round(ratio * total))
+    most ceil(ratio * total) for any ratio above 0), and none of an empty context."""
+    return min(total, max(1, round(ratio * total)))
 
 
 def top_tokens(order: torch.Tensor, ratio: float) -> torch.Tensor:
-    """The indices of the `budget(ratio, T)` highest entries of `order` [T], in increasing (document) order."""
+    """The indices of the `budget(ratio, T)` highest entries of `order` [T], in increasing (document) order; none
+    for an empty context (T = 0)."""
     return torch.topk(order, budget(ratio, len(order))).indices.sort().values
 
 

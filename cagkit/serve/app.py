@@ -52,6 +52,10 @@ log = logging.getLogger("cagkit.serve")
 MAX_TOP_K = 64  # chunks one request may retrieve: more would only fill the model's context
 MAX_NEW_TOKENS = 8192  # the most answer tokens one request may ask for (the model's context bounds it further)
 MAX_INGEST_DOCUMENTS = 1000  # documents one POST /v1/ingest may carry
+# The longest question or query read, checked before it waits for a model or the embedder: about 250k tokens of
+# ordinary text, far past the shipped models' contexts (at most 32k tokens); what is shorter but still too long for
+# its model is refused once tokenised, on the model's thread (a second for a million characters).
+MAX_QUESTION_CHARS = 1_000_000
 CHUNK_MARGIN_TOKENS = 8  # per retrieved chunk, room for the separators and sink tokens that placing it adds
 SHUTDOWN_GRACE_S = 3  # seconds the answers in progress get to finish when the server is stopped
 DISCONNECT_POLL_S = 0.25  # how often a request still queued checks whether its client is still there
@@ -162,6 +166,14 @@ def _text_of(content, where: str) -> str:
     raise ApiError(400, f"{where} content must be a string or a list of text parts", "invalid_value", "messages")
 
 
+def _check_length(text: str, what: str, param: str) -> None:
+    """Refuse a question or query past `MAX_QUESTION_CHARS` before it queues: tokenising it on the model's thread
+    would hold up every request behind it, only to refuse it there."""
+    if len(text) > MAX_QUESTION_CHARS:
+        raise ApiError(400, f"the {what} is {len(text):,} characters, over the {MAX_QUESTION_CHARS:,} this server "
+                            f"reads; shorten it to what the model's context holds", "context_length_exceeded", param)
+
+
 @dataclass
 class Question:
     """What a completion request asks: the model, the question and how to answer it."""
@@ -209,6 +221,7 @@ def parse_question(body: dict, kind: str, served: tuple[str, ...]) -> Question:
         question, param = prompt, "prompt"
     if not question.strip():
         raise ApiError(400, f"the question is empty; put it in '{param}'", "invalid_value", param)
+    _check_length(question, "question", param)
     n = _int(body, "n", 1, 1, 1)
     del n  # one answer per request: greedy decoding would give the same one again
     stream = body.get("stream", False)
@@ -287,8 +300,10 @@ class ServerState:
             return {"documents": 0, "chunks": 0, "bytes": self.reader.disk_bytes()}
 
 
-def _fit(lm, hits, room: int):
-    """The best-ranked hits whose text fits in `room` target tokens; the rest are dropped, worst first."""
+def _fit(lm, hits, room: int, max_new_tokens: int) -> tuple[list, list[dict]]:
+    """The best-ranked hits whose text fits in `room` target tokens, and the rest, dropped worst first, as the
+    answer's `skipped` entries (reason `no_room`). A ContextTooLong, saying how much room there was, when not even
+    the best hit fits: an answer from no context at all would not be an answer from the store."""
     kept, used = [], 0
     for hit in hits:  # best first
         need = lm.count_tokens(hit.text) + CHUNK_MARGIN_TOKENS
@@ -296,7 +311,14 @@ def _fit(lm, hits, room: int):
             break
         kept.append(hit)
         used += need
-    return kept
+    if hits and not kept:
+        raise ContextTooLong(f"no retrieved chunk fits in {lm.name}'s context: the question and max_tokens "
+                             f"{max_new_tokens} leave {room} tokens, and the best chunk ({hits[0].doc_path}, chunk "
+                             f"{hits[0].idx}) needs {need}; lower max_tokens or shorten the question")
+    dropped = [{"document": h.doc_path, "chunk": h.idx, "reason": "no_room",
+                "error": f"left out: the {len(kept)} better chunks filled the {room} tokens that the question and "
+                         f"max_tokens {max_new_tokens} leave in {lm.name}'s context"} for h in hits[len(kept):]]
+    return kept, dropped
 
 
 class Answering:
@@ -335,15 +357,16 @@ class Answering:
                                   f"stored documents (POST /v1/retrieve shows their ids) or leave 'documents' out")
             mode = resolve_mode(q.mode, lm, store)
             placed, scope, left_out = choose_scope(store, hits, q.scope, min(room, DOCUMENT_BUDGET))
+            dropped = []
             if scope == "chunks":
-                placed = _fit(lm, placed, room)
+                placed, dropped = _fit(lm, placed, room, q.max_new_tokens)
             retrieved = time.perf_counter()
             placement = q.placement if q.blend_given else replace(q.placement, blend=default_blend(mode, scope))
             answer = answer_from_chunks(lm, store, placed, q.question, mode, q.max_new_tokens, self._on_text,
                                         started=started, retrieved=retrieved, placement=placement, scope=scope,
                                         sources=[h for h in hits if scope == "document" or h in placed])
             answer.retrieval = q.retrieval
-            answer.skipped = left_out + answer.skipped
+            answer.skipped = left_out + dropped + answer.skipped
             completion = lm.count_tokens(answer.answer) if answer.answer else 0
             if self.first_token_s is None:
                 self._first_token()
@@ -407,7 +430,7 @@ class _Gate:
     def __init__(self, app, state: ServerState):
         self.app, self.state = app, state
         key = state.config.api_key
-        self.expected = f"Bearer {key}".encode() if key else None
+        self.expected = key.encode() if key else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -423,8 +446,9 @@ class _Gate:
 
         try:
             if self.expected is not None and scope["path"].startswith("/v1"):
-                given = dict(scope["headers"]).get(b"authorization", b"")
-                if not hmac.compare_digest(given, self.expected):
+                # the scheme is case-insensitive (RFC 7235): `bearer KEY` is as good as `Bearer KEY`
+                scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
+                if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
                     response = ApiError(401, "missing or wrong API key; send the header 'Authorization: Bearer "
                                              "<key>' with the key the server was started with (--api-key)",
                                         "invalid_api_key", kind="authentication_error").response()
@@ -521,6 +545,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         if not isinstance(query, str) or not query.strip():
             raise ApiError(400, "'query' must be a non-empty string: the question to retrieve chunks for",
                            "invalid_value", "query")
+        _check_length(query, "query", "query")
         top_k = _int(body, "top_k", DEFAULT_TOP_K, 1, 1000)
         retrieval = _choice(body, "retrieval", DEFAULT_RETRIEVAL, RETRIEVAL_MODES)
         documents = _strings(body, "documents")

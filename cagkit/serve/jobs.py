@@ -13,14 +13,17 @@ from pathlib import Path
 from cagkit.errors import CagkitError
 from cagkit.ingest.pipeline import IngestReport, ingest, ingest_texts
 from cagkit.serve.store import StoreReader
-from cagkit.store.store import Store
+from cagkit.store.store import Store, StoreBusyError
 
 log = logging.getLogger("cagkit.serve")
+
+BUSY_POLL_S = 0.5  # how often a job whose store another process is writing tries again
 
 
 @dataclass
 class IngestJob:
     """One ingest request: its documents, what became of them so far, and its state (queued, running,
+    waiting: another process, a `cagkit ingest`, is writing the store, and the job goes on when it is done;
     succeeded or failed)."""
 
     id: str
@@ -87,10 +90,9 @@ class IngestJobs:
                     job.status, job.error = "failed", f"the server stopped after {job.done} of {job.documents} " \
                                                       f"documents; send the rest again"
                     return
-                if isinstance(item, Path):
-                    done = ingest([item], store=self.reader.path, progress=False, device=self.device, **settings)
-                else:
-                    done = ingest_texts([item], store=self.reader.path, progress=False, device=self.device, **settings)
+                done = self._ingest(job, item, settings)
+                if done is None:
+                    return
                 self.reader.written()
                 _merge(job.report, done)
                 job.done += 1
@@ -103,6 +105,24 @@ class IngestJobs:
         finally:
             job.todo = []  # the texts are not needed any more
             job.finished_at = time.time()
+
+    def _ingest(self, job: IngestJob, item, settings: dict) -> IngestReport | None:
+        """Ingest one document; while another process writes the store the job is `waiting`, trying again every
+        `BUSY_POLL_S` (no document is begun before the store is opened, so nothing is redone). None when the
+        server stops meanwhile (the job has failed, saying so)."""
+        while True:
+            try:
+                if isinstance(item, Path):
+                    return ingest([item], store=self.reader.path, progress=False, device=self.device, **settings)
+                return ingest_texts([item], store=self.reader.path, progress=False, device=self.device, **settings)
+            except StoreBusyError:
+                job.status = "waiting"
+            if self._stopping.wait(BUSY_POLL_S):
+                job.status, job.error = "failed", f"the server stopped after {job.done} of {job.documents} " \
+                                                  f"documents, waiting for another process to finish writing the " \
+                                                  f"store; send the rest again"
+                return None
+            job.status = "running"
 
     def _store_settings(self) -> dict:
         """The store's source model, chunk size and KV dtype, to add to it with; none for a new store, which

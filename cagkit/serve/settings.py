@@ -33,7 +33,8 @@ class ServeConfig:
     device: str | None = None
 
     def check(self) -> None:
-        """Refuse a configuration the server could not run with, before any model loads."""
+        """Refuse a configuration the server could not run with, before any model loads or the port is bound: a
+        --store that is a file, or a folder holding other things than a store, is refused as by every command."""
         if not self.models or any(not m.strip() for m in self.models):
             raise CagkitError(f"--models {','.join(self.models)}: name at least one model, e.g. --models smollm2,gemma")
         if len(set(self.models)) != len(self.models):
@@ -44,3 +45,6 @@ class ServeConfig:
             raise CagkitError(f"--port must be between 0 and 65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise CagkitError("--api-key is empty; give a key, or leave the option out to serve without one")
+        from cagkit.store.store import check_location
+
+        check_location(self.store)

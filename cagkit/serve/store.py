@@ -74,7 +74,7 @@ class StoreReader:
         """The store's size on disk: its manifest and KV files (a LanceDB store: its KV files)."""
         if lance.is_lance_store(self.path):
             try:
-                return self.current().summary()["bytes"]
+                return self.current().summary(checksums=False)["bytes"]
             except StoreError:
                 return 0
         total = 0

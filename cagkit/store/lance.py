@@ -36,8 +36,10 @@ unchanged, and it differs where being shared demands:
   or with them null, as `chunks` (prefilled alone, no window): that is how every document was stored before. The
   first writer to open such a table, or to commit into it, adds both columns, all null (`_upgrade`; a writer
   that finds another has just added them carries on), and only then writes rows that fill them.
-- **Remote failures**: every S3 request has a timeout and retries (`REMOTE_TIMEOUT_S`, `REMOTE_RETRIES`); what
-  still fails is a one-line StoreError naming the store, never a hang.
+- **Remote failures**: every S3 request has a timeout and a number of attempts in all (`remote_limits`: 30 s and
+  3 unless `$CAGKIT_S3_TIMEOUT` and `$CAGKIT_S3_ATTEMPTS` say otherwise), so an endpoint that never answers fails
+  an operation after about their product; what still fails is a one-line StoreError naming the store, never a
+  hang.
 
 Credentials and endpoint come from the environment, as for any S3 client (`AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL` for a service other than AWS, `AWS_DEFAULT_REGION`).
@@ -90,8 +92,8 @@ CANDIDATES = 100  # each ranking's list, fused by reciprocal rank: at least this
 ORPHAN_GRACE_S = 3600.0
 COMMIT_ATTEMPTS = 5  # a manifest commit that loses a race with another writer's is merged again, this many tries in all
 PARALLEL_READS = 16  # KV files a question's chunks read at once
-REMOTE_TIMEOUT_S = 30
-REMOTE_RETRIES = 3
+REMOTE_TIMEOUT_S = 30  # each S3 request's timeout, seconds ($CAGKIT_S3_TIMEOUT)
+REMOTE_ATTEMPTS = 3  # each S3 request's attempts in all, the first included ($CAGKIT_S3_ATTEMPTS)
 STAGING_PREFIX = "ingest-"  # tables `cagkit ingest --ray` stages rows in: ingest-<unix time>-<random>
 _KV_NAME = re.compile(r"[0-9a-f]{64}\.safetensors")
 
@@ -108,6 +110,25 @@ def is_lance_store(location: str | Path) -> bool:
         return True
     path = Path(str(location).removeprefix("file://"))
     return (path / SETTINGS_FILE).is_file() and not (path / "manifest.sqlite").exists()
+
+
+def remote_limits() -> tuple[float, int]:
+    """Each S3 request's timeout in seconds and its attempts in all: `$CAGKIT_S3_TIMEOUT` and `$CAGKIT_S3_ATTEMPTS`,
+    else `REMOTE_TIMEOUT_S` and `REMOTE_ATTEMPTS`. An endpoint that accepts connections and never answers fails a
+    request, and so the operation that made it, after about timeout x attempts (plus a few seconds of backoff)."""
+    limits = []
+    for name, default, kind, example in (("CAGKIT_S3_TIMEOUT", REMOTE_TIMEOUT_S, float, "30"),
+                                         ("CAGKIT_S3_ATTEMPTS", REMOTE_ATTEMPTS, int, "3")):
+        raw = os.environ.get(name, "").strip()
+        try:
+            value = kind(raw) if raw else default
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise StoreError(f"{name}={raw!r} is not a positive {'number of seconds' if kind is float else 'count'}; "
+                             f"set it to e.g. {example}, or unset it")
+        limits.append(value)
+    return limits[0], limits[1]
 
 
 def _quote(value: str) -> str:
@@ -157,8 +178,9 @@ class _Location:
     def storage_options(self) -> dict:
         if not self.remote:
             return {}
-        options = {"timeout": f"{REMOTE_TIMEOUT_S}s", "connect_timeout": "5s",
-                   "client_max_retries": str(REMOTE_RETRIES), "client_retry_timeout": f"{REMOTE_TIMEOUT_S * 4}s"}
+        timeout, attempts = remote_limits()
+        options = {"timeout": f"{timeout:g}s", "connect_timeout": f"{min(timeout, 5):g}s",
+                   "client_max_retries": str(attempts - 1), "client_retry_timeout": f"{timeout * attempts:g}s"}
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
         if endpoint:
             options["aws_endpoint"] = endpoint  # also for processes that do not share this environment (Ray)
@@ -184,14 +206,20 @@ def _locate(location: str | Path) -> _Location:
         return _Location(str(path), fsspec.filesystem("file", auto_mkdir=True), str(path), remote=False)
     options = {}
     if text.startswith("s3://"):
-        options = {"config_kwargs": {"connect_timeout": 5, "read_timeout": REMOTE_TIMEOUT_S,
-                                     "retries": {"max_attempts": REMOTE_RETRIES, "mode": "standard"}},
+        timeout, attempts = remote_limits()
+        # botocore's `total_max_attempts` counts the first attempt (its `max_attempts` does not)
+        options = {"config_kwargs": {"connect_timeout": min(timeout, 5), "read_timeout": timeout,
+                                     "retries": {"total_max_attempts": attempts, "mode": "standard"}},
                    "skip_instance_cache": True}  # the environment as it is now decides the endpoint
     try:
         fs, root = fsspec.core.url_to_fs(text, **options)
     except (ImportError, ValueError) as exc:
         raise StoreError(f"cannot open store {text} ({exc}); install the scale extra (pip install 'cagkit[scale]') "
                          f"or give a local folder or an s3:// URL") from None
+    if text.startswith("s3://"):
+        # s3fs tries each call 5 times, each time with all of botocore's attempts (5 x 4 requests of 30 s to an
+        # endpoint that never answered, when `max_attempts: 3` meant 4): botocore's attempts alone bound a request
+        fs.retries = 1
     return _Location(text.rstrip("/"), fs, root, remote=True)
 
 
@@ -432,14 +460,14 @@ class LanceStore(Store):
             listing[name] = {"size": entry.get("size") or 0, "modified": float(modified)}
         return listing
 
-    def summary(self) -> dict:
+    def summary(self, checksums: bool = True) -> dict:
         sizes = {name: e["size"] for name, e in self._kv_listing().items()}
         documents = []
         for doc in self.documents():
             documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
                               "kv_bytes": sum(sizes.get(f, 0) for f in self.kv_files(doc)),
-                              "state": "ok" if self.is_intact(doc) else "damaged", "prefill": doc.prefill,
-                              "window": doc.window, "metadata": doc.metadata})
+                              "state": "ok" if self.is_intact(doc, checksums) else "damaged",
+                              "prefill": doc.prefill, "window": doc.window, "metadata": doc.metadata})
         return {"store": self.path, "settings": dict(self.settings.__dict__), "documents": len(documents),
                 "chunks": sum(d["chunks"] for d in documents), "tokens": sum(d["tokens"] for d in documents),
                 "bytes": sum(sizes.values()), "per_document": documents}
@@ -1020,7 +1048,11 @@ def _read_settings(loc: _Location) -> StoreSettings | None:
     target = loc.path(SETTINGS_FILE)
     try:
         raw = loc.fs.cat_file(target)
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if _no_such_bucket(exc):
+            bucket = loc.root.split("/", 1)[0]
+            raise StoreError(f"bucket {bucket} of store {loc.url} does not exist; check the URL and "
+                             f"AWS_ENDPOINT_URL, or create the bucket (aws s3 mb s3://{bucket})") from None
         return None
     except Exception as exc:  # noqa: BLE001
         raise loc.error(exc, "open") from None
@@ -1033,6 +1065,12 @@ def _read_settings(loc: _Location) -> StoreSettings | None:
     except (ValueError, TypeError, AttributeError):
         raise StoreError(f"store {loc.url}: {SETTINGS_FILE} is damaged; move the store aside and re-run "
                          f"`cagkit ingest DOCS --store {loc.url}`") from None
+
+
+def _no_such_bucket(exc: FileNotFoundError) -> bool:
+    """Whether s3fs's FileNotFoundError is S3's NoSuchBucket (the bucket is missing, not a file in it)."""
+    error = getattr(exc.__cause__, "response", None) or {}
+    return error.get("Error", {}).get("Code") == "NoSuchBucket"
 
 
 def _write_settings(loc: _Location, settings: StoreSettings) -> None:

@@ -154,6 +154,10 @@ class ChunkGoneError(StoreError):
     """A chunk a search returned whose document another writer replaced or removed before the chunk was read."""
 
 
+class StoreBusyError(StoreError):
+    """A store that another process is writing, opened for writing without `wait`."""
+
+
 class DamagedChunkError(StoreError):
     """A stored chunk whose KV file is missing, does not parse, or does not match the checksum recorded for it."""
 
@@ -359,13 +363,15 @@ class SQLiteStore(Store):
         self._drop_unreferenced(files)
         self._index = None
 
-    def summary(self) -> dict:
+    def summary(self, checksums: bool = True) -> dict:
         """What the store holds, for people and scripts (`cagkit store info`): its settings, totals and, per
-        document, chunks, tokens, KV bytes on disk and state: `ok` or `damaged` (re-ingest it). The state reads
-        the KV files' headers only; `verify` reads every checksum too."""
+        document, chunks, tokens, KV bytes on disk and state: `ok` or `damaged` (re-ingest it). The state is the
+        one `verify` gives the document: every chunk's tensors are read and checked against their checksum;
+        without `checksums` only the KV files' headers are read (quick on a big store, but tensor bytes changed
+        under an intact header go unnoticed)."""
         documents = []
         for doc in self.documents():
-            state = "ok" if self.is_intact(doc) else "damaged"
+            state = "ok" if self.is_intact(doc, checksums) else "damaged"
             documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
                               "kv_bytes": sum(_size(self.path / "kv" / f) for f in self.kv_files(doc)),
                               "state": state, "prefill": doc.prefill, "window": doc.window,
@@ -763,6 +769,16 @@ def is_store(location: str | Path) -> bool:
     return (path / "manifest.sqlite").exists() or lance.is_lance_store(path)
 
 
+def check_location(location: str | Path) -> None:
+    """Refuse a local `location` that cannot be or become a store: a file, or a folder with other things in it
+    that holds no store of either kind (a URL is checked when it is opened). `cagkit serve` checks its --store
+    with it before it listens, as the other commands refuse such a --store when they open it."""
+    from cagkit.store import lance
+
+    if not lance.is_url(location) and not is_store(location):
+        _check_store_folder(Path(location))
+
+
 def _size(file: Path) -> int:
     try:
         return file.stat().st_size
@@ -820,8 +836,8 @@ def _lock_for_writing(path: Path, wait: bool = False):
     handle = _try_lock(path)
     if handle is None:
         if not wait:
-            raise StoreError(f"store {path} is being written by another cagkit ingest; wait for it to finish, or pass "
-                             f"--wait to wait for it")
+            raise StoreBusyError(f"store {path} is being written by another cagkit ingest; wait for it to finish, or "
+                                 f"pass --wait to wait for it")
         print(f"store {path} is being written by another cagkit process; waiting for it", file=sys.stderr, flush=True)
         handle = _open_lock(path)
         fcntl.flock(handle, fcntl.LOCK_EX)

@@ -154,9 +154,11 @@ def test_engine_placement_options_reach_the_answer(store):
 
     question = "How many cardamom buns does the bakery sell?"
     engine = CAGQueryEngine.from_store(store, similarity_top_k=3, model="tiny-llama", max_new_tokens=8,
-                                       placement=Placement(blend=0.5), mode="mot")
-    blended = ask(question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, blend=0.5, mode="mot")
-    plain = ask(question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, blend=0.0, mode="mot")
+                                       placement=Placement(blend=0.5), mode="mot", scope="chunks")
+    blended = ask(question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, blend=0.5, mode="mot",
+                  scope="chunks")
+    plain = ask(question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, blend=0.0, mode="mot",
+                scope="chunks")
     assert blended.answer != plain.answer  # so the engine's answer shows whether it blended
     assert engine.query(question).response == blended.answer
     narrower = engine.with_retriever(CAGRetriever(store=store, similarity_top_k=3))
@@ -165,9 +167,14 @@ def test_engine_placement_options_reach_the_answer(store):
         CAGQueryEngine.from_store(store, model="tiny-llama", placement=Placement(blend=2.0))
     default = CAGQueryEngine.from_store(store, similarity_top_k=3, model="tiny-llama", max_new_tokens=8)
     response = default.query(question)
-    assert default.placement == Placement() and response.response == ask(
+    assert default.placement is None and response.response == ask(
         question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8).answer
-    assert response.metadata["mode"] == "select"  # the default reads the question's sentences, not stored KV
+    # the store's own model reads its stored documents whole by default, as `cagkit ask` does
+    assert (response.metadata["mode"], response.metadata["scope"]) == ("reuse", "document")
+    chunks = CAGQueryEngine.from_store(store, similarity_top_k=3, model="tiny-llama", max_new_tokens=8,
+                                       scope="chunks").query(question)
+    assert chunks.metadata["scope"] == "chunks" and chunks.response == ask(
+        question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, scope="chunks").answer
 
 
 def test_engine_refuses_nodes_that_are_not_from_a_store(store):

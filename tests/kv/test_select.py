@@ -68,6 +68,20 @@ def test_select_prompt_is_prefix_then_selected_sentences_then_question(tiny_llam
     assert "oven" in first and "lighthouse" in second
 
 
+def test_an_empty_context_selects_nothing_and_select_answers_from_the_question_alone(tiny_llama):
+    import torch
+
+    from cagkit.kv.selection import top_tokens
+
+    assert budget(0.15, 0) == 0 and budget(0.15, 1) == 1
+    assert top_tokens(torch.zeros(0, dtype=torch.float64), 0.15).tolist() == []
+    assert selected_sentences(tiny_llama.tokenizer, [], QUESTION, 0.15) == []
+    cache = build_context_cache(tiny_llama, store=None, hits=[], question=QUESTION, mode="select",
+                                placement=Placement())
+    prefix, suffix = prompt_parts(tiny_llama, QUESTION)
+    assert cache.pending_ids == prefix + suffix and cache.context_tokens == 0
+
+
 def test_select_reads_no_stored_kv(tiny_llama, tmp_path):
     """The control works on a store whose KV files are all gone: only the manifest's chunk text is read."""
     docs = tmp_path / "docs"

@@ -304,6 +304,52 @@ def test_errors_reach_the_openai_client_and_unknown_routes_are_openai_errors(set
     assert _chat(url, alpha, max_tokens=3).status_code == 200
 
 
+def test_a_huge_question_is_refused_without_waiting_for_the_model(setup):
+    from cagkit.serve.app import MAX_QUESTION_CHARS
+
+    url, alpha = setup["main"].url, setup["alpha"]
+    huge = "word " * (MAX_QUESTION_CHARS // 5 + 1)
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120,
+                      json={"model": alpha, "messages": [{"role": "user", "content": QUESTION}], "stream": True,
+                            "max_tokens": 1000}) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if '"content": "' in line and '"content": ""' not in line)  # alpha is busy
+        refused = _chat(url, alpha, huge)
+        refused_at = time.time()
+        final = [json.loads(e) for e in _sse(lines) if e != "[DONE]"][-1]
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    # refused while alpha was still answering the request before it, not after it in alpha's queue
+    assert refused_at < final["cagkit"]["served"]["end"]
+    assert f"{MAX_QUESTION_CHARS:,}" in refused.json()["error"]["message"]
+    query = httpx.post(f"{url}/v1/retrieve", json={"query": huge})  # the embedder's queue is spared too
+    assert query.status_code == 400 and query.json()["error"]["param"] == "query"
+
+
+def test_chunks_that_do_not_fit_beside_max_tokens_are_named_and_none_fitting_is_a_400(setup):
+    from cagkit.generation import context_room, prompt_parts
+    from cagkit.models.loading import load_model
+    from cagkit.retrieval.search import retrieve
+    from cagkit.serve.app import CHUNK_MARGIN_TOKENS
+    from cagkit.store.store import Store
+
+    url, alpha = setup["main"].url, setup["alpha"]
+    lm = load_model(alpha)  # the server's model, here, to size max_tokens against its context
+    room = context_room(lm, *prompt_parts(lm, QUESTION), 0)  # context tokens left beside the question
+    for mode in ("select", "native", "mot"):
+        reply = _chat(url, alpha, mode=mode, max_tokens=room - 10)  # 10 tokens left: no chunk fits
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "context_length_exceeded" and "leave 10 tokens" in error["message"], error
+    with Store.open(setup["store"]) as st:
+        best = retrieve(st, QUESTION, 4, "hybrid")
+    need = lm.count_tokens(best[0].text) + CHUNK_MARGIN_TOKENS
+    body = _chat(url, alpha, max_tokens=room - need, top_k=4).json()  # room for the best chunk alone
+    assert [(s["document"], s["chunk"]) for s in body["cagkit"]["sources"]] == [(best[0].doc_path, best[0].idx)]
+    dropped = body["cagkit"]["skipped"]
+    assert [(d["document"], d["chunk"]) for d in dropped] == [(h.doc_path, h.idx) for h in best[1:]]
+    assert {d["reason"] for d in dropped} == {"no_room"} and f"the {need} tokens" in dropped[0]["error"]
+
+
 def test_api_key_missing_store_and_least_recently_used_unload(setup):
     url, alpha, beta = setup["locked"].url, setup["alpha"], setup["beta"]
     assert httpx.get(f"{url}/v1/models").status_code == 401
@@ -314,6 +360,10 @@ def test_api_key_missing_store_and_least_recently_used_unload(setup):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).models.list()
 
+    for header in (f"bearer {KEY}", f"BEARER  {KEY}"):  # the scheme is case-insensitive (RFC 7235)
+        assert httpx.get(f"{url}/v1/models", headers={"Authorization": header}).status_code == 200, header
+    for header in (KEY, f"Basic {KEY}", f"Bearer {KEY}x", "Bearer"):
+        assert httpx.get(f"{url}/v1/models", headers={"Authorization": header}).status_code == 401, header
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
     assert [m.id for m in client.models.list().data] == [alpha, beta]
     loaded = {m["id"]: m["loaded"] for m in client.models.list().model_dump()["data"]}
@@ -377,6 +427,24 @@ def test_ingest_while_answering_never_shows_a_half_written_document(setup):
     assert bad.status_code == 400 and "/no/such/folder" in bad.json()["error"]["message"]
 
 
+def test_an_ingest_job_waits_while_another_process_writes_the_store(setup):
+    from cagkit.store.store import Store
+
+    url, store = setup["main"].url, setup["store"]
+    with Store.open(store) as st:
+        settings = st.settings
+    with Store.open_for_writing(store, settings):  # what a `cagkit ingest` holds while it runs
+        job = httpx.post(f"{url}/v1/ingest", json={"texts": [{"id": "notes/harbour.txt", "text": FILLER + "The "
+                                                              "harbour master rings the bell at noon."}]}).json()
+        job_url = f"{url}/v1/jobs/{job['id']}"
+        while (status := httpx.get(job_url).json())["status"] in ("queued", "running"):
+            time.sleep(0.05)
+        assert status["status"] == "waiting" and status["done"] == 0, status
+    while (status := httpx.get(job_url).json())["status"] not in ("succeeded", "failed"):
+        time.sleep(0.05)
+    assert status["status"] == "succeeded" and status["added"] == ["notes/harbour.txt"], status
+
+
 def test_serve_command_refuses_bad_options_and_a_missing_extra(tmp_path, capsys, monkeypatch):
     assert main(["serve", "--models", "smollm2,smollm2"]) == 2
     assert "names a model twice" in capsys.readouterr().err
@@ -389,6 +457,22 @@ def test_serve_command_refuses_bad_options_and_a_missing_extra(tmp_path, capsys,
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'cagkit[serve]'" in err
+
+
+def test_serve_refuses_a_file_or_a_foreign_folder_as_store_before_it_listens(tmp_path, capsys, monkeypatch):
+    uvicorn = pytest.importorskip("uvicorn")
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("cagkit serve listened"))
+    file = tmp_path / "store.txt"
+    file.write_text("a file")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.md").write_text("mine")
+    for store, words in ((file, f"store {file} is a file"),
+                         (tmp_path / "mine", "is not empty and is not a cagkit store")):
+        # an unknown model would be refused too, later: the store is checked first, as the other commands do
+        assert main(["serve", "--store", str(store), "--models", "llama-9000"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and "--store" in err
+    assert file.read_text() == "a file" and (tmp_path / "mine" / "notes.md").read_text() == "mine"
 
 
 def test_serve_binds_to_this_machine_by_default():

@@ -380,6 +380,69 @@ def test_an_unreachable_store_is_a_one_line_error_not_a_hang(monkeypatch):
     assert "\n" not in message and "s3://nowhere/store" in message and "AWS_ENDPOINT_URL" in message
 
 
+def test_an_endpoint_that_never_answers_fails_within_timeout_times_attempts(tmp_path):
+    """An S3 endpoint that accepts connections and never replies: `store info` fails with its one-line error after
+    the configured attempts of the configured timeout each, not after s3fs's retries of botocore's retries."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    requests, held = [], []
+
+    def take(conn):
+        held.append(conn)  # kept open, never answered
+        data = conn.recv(65536)
+        if data:
+            requests.append(data.split(b"\r\n", 1)[0].decode())
+
+    def accept():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed at the end of the test
+                return
+            threading.Thread(target=take, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.getsockname()[1]}", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1", "CAGKIT_S3_TIMEOUT": "1",
+           "CAGKIT_S3_ATTEMPTS": "2"}
+    code = "import sys; from cagkit.cli import main; sys.exit(main())"
+    try:
+        started = time.monotonic()
+        out = subprocess.run([sys.executable, "-c", code, "store", "info", "--store", "s3://silent/store"],
+                             capture_output=True, text=True, env=env, timeout=120)
+        elapsed = time.monotonic() - started
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
+    assert "s3://silent/store" in out.stderr and "timeout" in out.stderr.lower()
+    assert len(requests) == 2, requests  # CAGKIT_S3_ATTEMPTS in all: no retries wrapped around the attempts
+    assert elapsed < 30  # 2 attempts of 1 s, a start and a backoff; it was 20 requests of 30 s
+
+
+@pytest.mark.parametrize("name, value", [("CAGKIT_S3_TIMEOUT", "soon"), ("CAGKIT_S3_ATTEMPTS", "0")])
+def test_a_bad_s3_limit_in_the_environment_is_a_one_line_error(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(StoreError, match=rf"{name}='{value}' is not a positive .*unset it"):
+        Store.open("s3://bucket/store")
+
+
+def test_a_missing_bucket_is_named_as_missing(s3, capsys):
+    from cagkit.cli import main
+
+    s3.bucket_url("there")  # another bucket exists: the endpoint answers
+    with pytest.raises(StoreError, match=r"bucket no-such-bucket of store s3://no-such-bucket/store does not exist"):
+        Store.open("s3://no-such-bucket/store")
+    assert main(["store", "info", "--store", "s3://no-such-bucket/store"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err and "create one with" not in err
+    with pytest.raises(StoreError, match="no cagkit store at s3://there/store"):  # a bucket without a store
+        Store.open("s3://there/store")
+
+
 def test_fake_chunks_round_trip_with_their_checksums(tmp_path):
     with Store.open_for_writing(tmp_path / "s", settings_for("fp"), manifest="lance") as st:
         chunks, vectors = fake_chunks("one two three. four five.", seed=1)
