@@ -174,7 +174,8 @@ def _data_label(run: dict) -> str:
     top_k = settings.get("top_k", DEFAULT_TOP_K)
     chunks = "" if settings.get("full_context") or top_k == DEFAULT_TOP_K else f", top-{top_k}"
     named = f", {mode} retrieval" if (mode := _named_retrieval(settings)) else ""
-    return Path(run["dataset"]).name + chunks + named + Placement.from_settings(settings).describe()
+    scope = f", scope {settings['scope']}" if settings.get("scope", "chunks") != "chunks" else ""
+    return Path(run["dataset"]).name + chunks + named + scope + Placement.from_settings(settings).describe()
 
 
 def _named_retrieval(settings: dict) -> str | None:
