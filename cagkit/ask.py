@@ -111,8 +111,9 @@ def ask(
         retrieval: how the chunks are ranked: `hybrid` (default: the embedding's and BM25's rankings fused),
             `dense` (the embedding alone) or `lexical` (BM25 alone); see `cagkit.retrieval`.
         scope: what is placed (`choose_scope`): `document` (the documents of the retrieved chunks, each whole,
-            its chunks in order), `chunks` (the retrieved chunks, in document order) or `auto` (the default:
-            documents when they fit `cagkit.config.DOCUMENT_BUDGET` and the target's context, chunks otherwise).
+            its chunks in order), `chunks` (the retrieved chunks, in document order) or `auto` (the default: for
+            the modes that place stored KV, documents when they fit `cagkit.config.DOCUMENT_BUDGET` and the
+            target's context, chunks otherwise; chunks for `select`, `native` and `oracle`).
     """
     if mode not in MODES:
         raise CagkitError(f"unknown --mode '{mode}'; use one of {', '.join(MODES)}")
@@ -134,7 +135,7 @@ def ask(
         mode = resolve_mode(mode, lm, opened)
         t0 = time.perf_counter()
         hits = retrieve(opened, question, top_k, retrieval)
-        placed, used, left_out = choose_scope(opened, hits, scope, min(room, DOCUMENT_BUDGET))
+        placed, used, left_out = choose_scope(opened, hits, scope, min(room, DOCUMENT_BUDGET), mode)
         t1 = time.perf_counter()
         placement = Placement(recompute_layers, default_blend(mode, used) if blend is None else blend, blend_select)
         answer = answer_from_chunks(lm, opened, placed, question, mode, max_new_tokens, on_text, started=t0,
@@ -168,15 +169,22 @@ def default_blend(mode: str, scope: str) -> float:
     return 0.0 if scope == "document" and mode != "select" else Placement.blend
 
 
-def choose_scope(store: Store, hits: list[Hit], scope: str, budget: int) -> tuple[list[Hit], str, list[dict]]:
-    """What to place for the retrieved `hits`: (the chunks to place, the scope used, documents left out).
+# The modes `--scope auto` reads whole documents for: those that place stored KV, where a document cached whole
+# costs no more to read than its chunks. `select` and `native` read text, and were measured at chunk scope.
+DOCUMENT_MODES = ("stored", "mot", "linear", "projector")
+
+
+def choose_scope(store: Store, hits: list[Hit], scope: str, budget: int,
+                 mode: str = "stored") -> tuple[list[Hit], str, list[dict]]:
+    """What to place for the retrieved `hits` in `mode`: (the chunks to place, the scope used, documents left out).
 
     `document`: the documents of `hits`, in the order of their best hit, each whole (every chunk, in order),
     as many as fit `budget` tokens; a document that does not fit is left out (reason `no_room`), and when not even
-    the first fits, the error names its size and `--scope chunks`. `chunks`: `hits` themselves. `auto`: the
-    documents when all of them fit, else `hits`."""
+    the first fits, the error names its size and `--scope chunks`. `chunks`: `hits` themselves. `auto`: for the
+    modes that place stored KV (`DOCUMENT_MODES`), the documents when all of them fit, else `hits`; for the
+    others (`select`, `native`, `oracle`), `hits`."""
     check_scope(scope)
-    if scope == "chunks" or not hits:
+    if scope == "chunks" or not hits or (scope == "auto" and mode not in DOCUMENT_MODES):
         return hits, "chunks", []
     order = list(dict.fromkeys(h.doc_path for h in hits))
     sizes = {}

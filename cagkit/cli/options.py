@@ -49,8 +49,9 @@ def add_scope_option(p: argparse.ArgumentParser) -> None:
     """--scope, shared by ask and eval."""
     p.add_argument("--scope", default=DEFAULT_SCOPE, metavar="{" + ",".join(SCOPES) + "}",
                    help="what the target reads: the retrieved chunks' documents, each whole (document), the "
-                        "retrieved chunks (chunks), or documents when they fit the target's context and "
-                        f"{DOCUMENT_BUDGET} tokens, chunks otherwise (auto) (default: %(default)s)")
+                        "retrieved chunks (chunks), or, for the modes that place stored KV, documents when they fit "
+                        f"the target's context and {DOCUMENT_BUDGET} tokens, chunks otherwise and for select and "
+                        "native (auto) (default: %(default)s)")
 
 
 def add_device_options(p: argparse.ArgumentParser) -> None:

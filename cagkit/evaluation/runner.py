@@ -223,7 +223,8 @@ def run_eval(
             hits = example_hits(st, example.question, paths, top_k, full_context, retrieval)
             line = []
             for m in todo:
-                placed, used, _ = choose_scope(st, [] if _base(m) == "none" else hits, _own_scope(m) or scope, budget)
+                placed, used, _ = choose_scope(st, [] if _base(m) == "none" else hits, _own_scope(m) or scope,
+                                               budget, _mode(m))
                 own = _placement(m, placement)
                 if not blend_given:
                     own = replace(own, blend=default_blend(_mode(m), used)).effective() if own.blend else own

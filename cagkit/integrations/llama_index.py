@@ -300,7 +300,7 @@ class CAGQueryEngine(BaseQueryEngine):
         with Store.open(self.store_path) as store:
             mode = resolve_mode(self.mode, self.lm, store)
             room = context_room(self.lm, *prompt_parts(self.lm, question), self.max_new_tokens)
-            placed, scope, left_out = choose_scope(store, hits, self.scope, min(room, DOCUMENT_BUDGET))
+            placed, scope, left_out = choose_scope(store, hits, self.scope, min(room, DOCUMENT_BUDGET), mode)
             placement = self.placement or replace(Placement(), blend=default_blend(mode, scope))
             answer = answer_from_chunks(
                 self.lm, store, placed, question, mode, self.max_new_tokens, on_text, started, retrieved,

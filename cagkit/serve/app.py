@@ -356,7 +356,7 @@ class Answering:
                 raise CagkitError(f"none of the documents {', '.join(q.documents)[:300]} is in the store; name "
                                   f"stored documents (POST /v1/retrieve shows their ids) or leave 'documents' out")
             mode = resolve_mode(q.mode, lm, store)
-            placed, scope, left_out = choose_scope(store, hits, q.scope, min(room, DOCUMENT_BUDGET))
+            placed, scope, left_out = choose_scope(store, hits, q.scope, min(room, DOCUMENT_BUDGET), mode)
             dropped = []
             if scope == "chunks":
                 placed, dropped = _fit(lm, placed, room, q.max_new_tokens)

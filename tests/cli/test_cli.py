@@ -57,7 +57,8 @@ def test_ask_json_prints_one_object_on_the_last_line(store, capsys, tiny_gemma):
     # ...and another target reads the question's sentences, not the stored KV
     assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-gemma",
                  "--top-k", "1", "--max-new-tokens", "5", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mode"] == "select"
+    other = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (other["mode"], other["scope"]) == ("select", "chunks")  # select reads the retrieved chunks' sentences
 
 
 def test_ask_streams_the_answer_then_sources_and_timings(store, capsys):
