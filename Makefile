@@ -1,5 +1,5 @@
 # Two commands for a new machine:  `make demo` (set up, ingest the example docs with qwen, ask qwen from its own
-# stored documents, the default, then natively, then from the question's sentences alone) and `make test`.
+# stored documents, then natively, then from the question's sentences alone, the default) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -27,9 +27,9 @@ setup-qwen-1.5b: setup
 
 demo: setup
 	$(BIN)/cagkit ingest examples/docs --store $(STORE) --source qwen
-	$(BIN)/cagkit ask --store $(STORE) --model qwen "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode stored "$(QUESTION)"
 	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode native "$(QUESTION)"
-	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode select "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen "$(QUESTION)"
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -85,13 +85,14 @@ def ask(
         store: a store directory (or an open Store).
         model: the target model (alias, Hugging Face id or model directory).
         top_k: how many chunks to retrieve.
-        mode: where the target's context comes from. `auto` (the default): `stored` where the store holds the
-            target's own KV (it wrote the store), `select` elsewhere (`resolve_mode`). `stored`: the stored KV, as
-            it is for the store's own model (at document scope, native prefill's cache), translated by the
-            trained Mixture-of-Translators for another target (`mot` is its older name); `linear` or `projector`:
-            the same with single-path baseline translators. `select`: the target prefills only the sentences of
-            the context closest to the question (a share `blend` of the context tokens, in document order) and
-            reads no stored KV at all; no translated mode has beaten it on the measured runs. `native`:
+        mode: where the target's context comes from. `select` (the default): the target prefills only the
+            sentences of the context closest to the question (a share `blend` of the context tokens, in document
+            order) and reads no stored KV at all; no other mode has answered both sooner and no worse beyond noise
+            on the measured runs (docs/document-caches.md). `stored`: the stored KV, as it is for the store's own
+            model (at document scope, native prefill's cache), translated by the trained Mixture-of-Translators
+            for another target (`mot` is its older name); `linear` or `projector`: the same with single-path
+            baseline translators. `auto`: `stored` where the store holds the target's own KV (it wrote the
+            store), `select` elsewhere (`resolve_mode`), as a server over one store for several models wants. `native`:
             the target prefills the chunk text itself (the reference). `oracle` is a diagnostic: the target
             prefills each chunk alone after its sink token, the cache a perfect translator would produce, so it
             shows what the store's layout (chunks that never attend to each other) costs by itself.

@@ -40,11 +40,12 @@ DEFAULT_TOP_K = 4  # chunks retrieved for a question
 DEFAULT_MAX_NEW_TOKENS = 64  # the longest answer, in tokens
 # Answers never repeat a sequence of this many tokens: greedy decoding's loops are cut (cagkit.generation.next_token)
 NO_REPEAT_NGRAM = 4
-# where `ask` takes the target's context from: `auto` picks `stored` (the store's KV as it is) where the store holds
-# the target's own document caches, which at document scope are native prefill's cache, and `select` (the question's
-# sentences prefilled by the target, no stored KV read) elsewhere, where no translated mode has beaten it
-# (docs/document-caches.md, BENCHMARKS.md)
-DEFAULT_MODE = "auto"
+# where `ask` takes the target's context from: `select` (the question's sentences prefilled by the target, no stored
+# KV read), because no other mode has answered both sooner and no worse beyond noise on the measured runs: not
+# translated KV, and not the store's own model reading its stored documents whole, which equals native prefill of
+# the whole document and answers sooner but scored below select on SQuAD's articles (docs/document-caches.md);
+# `auto` picks `stored` where the store holds the target's own KV and `select` elsewhere
+DEFAULT_MODE = "select"
 # what `ask` places (cagkit.ask.choose_scope): whole documents, the retrieved chunks, or documents when they fit
 SCOPES = ("auto", "document", "chunks")
 DEFAULT_SCOPE = "auto"

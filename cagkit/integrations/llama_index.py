@@ -134,14 +134,16 @@ class CAGRetriever(BaseRetriever):
 
 class CAGQueryEngine(BaseQueryEngine):
     """Answers with `model` from the retrieved chunks or their documents: `cagkit.ask` as a LlamaIndex query
-    engine. By default (`auto`) the model answers from the stored KV where the store holds its own (whole
-    documents where they fit), and from the chunks' sentences closest to the question elsewhere (`select`).
+    engine. By default (`select`) the model prefills the chunks' sentences closest to the question; `mode="stored"`
+    answers from the stored KV (whole documents where they fit: for the store's own model, native prefill's
+    cache; translated for another model), and `mode="auto"` picks `stored` where the store holds the model's own
+    KV and `select` elsewhere.
 
     Args:
         retriever: gives the nodes; any retriever whose nodes come from the cagkit store (a CAGRetriever, or one
             that combines CAGRetrievers).
         model: the target model (alias, Hugging Face id or model directory).
-        mode: where the target's context comes from: `auto` (the default), `stored` (`mot`), `select`, `linear`,
+        mode: where the target's context comes from: `select` (the default), `stored` (`mot`), `auto`, `linear`,
             `projector`, `native` or `oracle`, as for `cagkit.ask`.
         max_new_tokens: the longest answer, in tokens.
         streaming: `query` returns a StreamingResponse whose `response_gen` yields the answer as it is generated

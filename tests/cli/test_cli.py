@@ -48,15 +48,20 @@ def test_ask_json_prints_one_object_on_the_last_line(store, capsys, tiny_gemma):
                 mode="mot")
     assert again.answer == result["answer"]
     assert result["timings"]["ttft_ms"] <= result["timings"]["total_ms"]
-    # by default the store's own model reads its stored KV, whole documents where they fit...
+    # by default the model reads the question's sentences of the retrieved chunks, not the stored KV...
     assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-llama",
                  "--top-k", "1", "--max-new-tokens", "5", "--json"]) == 0
+    default = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (default["mode"], default["scope"]) == ("select", "chunks")
+    # ...and with --mode auto the store's own model reads its stored KV, whole documents where they fit...
+    assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-llama",
+                 "--top-k", "1", "--max-new-tokens", "5", "--json", "--mode", "auto"]) == 0
     own = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (own["mode"], own["scope"], own["placement"]["blend"]) == ("reuse", "document", 0.0)
     assert own["documents"] == [result["sources"][0]["document"]]
-    # ...and another target reads the question's sentences, not the stored KV
+    # ...and another target its question's sentences
     assert main(["ask", "Which model is the default source?", "--store", str(store), "--model", "tiny-gemma",
-                 "--top-k", "1", "--max-new-tokens", "5", "--json"]) == 0
+                 "--top-k", "1", "--max-new-tokens", "5", "--json", "--mode", "auto"]) == 0
     other = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (other["mode"], other["scope"]) == ("select", "chunks")  # select reads the retrieved chunks' sentences
 
@@ -64,13 +69,13 @@ def test_ask_json_prints_one_object_on_the_last_line(store, capsys, tiny_gemma):
 def test_ask_streams_the_answer_then_sources_and_timings(store, capsys):
     capsys.readouterr()
     assert main(["ask", "Where can a chunk be placed?", "--store", str(store), "--model", "tiny-llama",
-                 "--max-new-tokens", "4"]) == 0
+                 "--max-new-tokens", "4", "--mode", "stored"]) == 0
     out = capsys.readouterr().out
     assert "sources:" in out and "notes.md" in out and "first token" in out
     assert "context tokens (1 whole document) by hybrid retrieval: retrieve" in out
     capsys.readouterr()
     assert main(["ask", "Where can a chunk be placed?", "--store", str(store), "--model", "tiny-llama",
-                 "--max-new-tokens", "4", "--scope", "chunks"]) == 0
+                 "--max-new-tokens", "4", "--mode", "stored", "--scope", "chunks"]) == 0
     assert "context tokens (retrieved chunks) by hybrid retrieval" in capsys.readouterr().out
 
 

@@ -169,12 +169,16 @@ def test_engine_placement_options_reach_the_answer(store):
     response = default.query(question)
     assert default.placement is None and response.response == ask(
         question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8).answer
-    # the store's own model reads its stored documents whole by default, as `cagkit ask` does
-    assert (response.metadata["mode"], response.metadata["scope"]) == ("reuse", "document")
+    assert (response.metadata["mode"], response.metadata["scope"]) == ("select", "chunks")  # no stored KV read
+    # mode auto: the store's own model reads its stored documents whole, as `cagkit ask --mode auto` does
+    whole = CAGQueryEngine.from_store(store, similarity_top_k=3, model="tiny-llama", max_new_tokens=8,
+                                      mode="auto").query(question)
+    assert (whole.metadata["mode"], whole.metadata["scope"]) == ("reuse", "document") and whole.response == ask(
+        question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, mode="auto").answer
     chunks = CAGQueryEngine.from_store(store, similarity_top_k=3, model="tiny-llama", max_new_tokens=8,
-                                       scope="chunks").query(question)
+                                       mode="auto", scope="chunks").query(question)
     assert chunks.metadata["scope"] == "chunks" and chunks.response == ask(
-        question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, scope="chunks").answer
+        question, store=store, model="tiny-llama", top_k=3, max_new_tokens=8, mode="auto", scope="chunks").answer
 
 
 def test_engine_refuses_nodes_that_are_not_from_a_store(store):

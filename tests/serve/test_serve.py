@@ -146,15 +146,19 @@ def test_chat_matches_ask_streamed_or_not_with_the_openai_client(setup):
     assert reply.choices[0].message.content == expected.answer
     assert reply.object == "chat.completion" and reply.model == setup["alpha"]
     cagkit = reply.model_extra["cagkit"]
-    assert cagkit["sources"] == expected.sources and cagkit["mode"] == "reuse" and cagkit["retrieval"] == "hybrid"
-    assert cagkit["context_tokens"] == expected.context_tokens
-    # the store's own model reads its stored documents whole by default; `scope` asks for the chunks as ask does
-    assert (cagkit["scope"], cagkit["documents"]) == ("document", expected.documents) and expected.documents
-    chunks = ask(QUESTION, store=setup["store"], model=setup["alpha"], max_new_tokens=12, scope="chunks")
-    body = _chat(setup["main"].url, setup["alpha"], max_tokens=12, scope="chunks").json()
+    assert cagkit["sources"] == expected.sources and cagkit["mode"] == "select" and cagkit["retrieval"] == "hybrid"
+    assert cagkit["context_tokens"] == expected.context_tokens and cagkit["scope"] == "chunks"
+    # `mode` auto: the store's own model reads its stored documents whole; `scope` asks for the chunks as ask does
+    whole = ask(QUESTION, store=setup["store"], model=setup["alpha"], max_new_tokens=12, mode="auto")
+    body = _chat(setup["main"].url, setup["alpha"], max_tokens=12, mode="auto").json()
+    assert body["choices"][0]["message"]["content"] == whole.answer and whole.documents
+    assert (body["cagkit"]["mode"], body["cagkit"]["scope"], body["cagkit"]["documents"]) == (
+        "reuse", "document", whole.documents)
+    chunks = ask(QUESTION, store=setup["store"], model=setup["alpha"], max_new_tokens=12, mode="auto", scope="chunks")
+    body = _chat(setup["main"].url, setup["alpha"], max_tokens=12, mode="auto", scope="chunks").json()
     assert body["choices"][0]["message"]["content"] == chunks.answer
     assert (body["cagkit"]["scope"], body["cagkit"]["placement"]["blend"]) == ("chunks", 0.15)
-    assert body["cagkit"]["context_tokens"] == chunks.context_tokens < expected.context_tokens
+    assert body["cagkit"]["context_tokens"] == chunks.context_tokens < whole.context_tokens
     assert {"retrieve_ms", "ttft_ms", "total_ms", "queue_ms"} <= set(cagkit["timings"])
     assert reply.usage.prompt_tokens > expected.context_tokens > 0
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
