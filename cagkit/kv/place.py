@@ -27,8 +27,12 @@ def place_chunks(model, cache: DynamicCache, chunks: list[ChunkKV], tables: Rota
     values = torch.cat([c.values.to(device) for c in chunks], dim=1)
     positions = torch.arange(start, start + keys.shape[1], device=device)
     dtype = next(model.parameters()).dtype
+    angles: dict = {}  # cos, sin per rotary kind: most models have one for every layer, Gemma 3 two
     for layer in range(keys.shape[0]):
-        cos, sin = tables(layer, positions)
+        kind = tables.kind(layer)
+        if kind not in angles:
+            angles[kind] = tables(layer, positions)
+        cos, sin = angles[kind]
         k = apply_rope(keys[layer].float(), cos, sin)  # [N, H, D]
         # [N, H, D] -> [1, H, N, D]
         cache.update(k.transpose(0, 1)[None].to(dtype), values[layer].transpose(0, 1)[None].to(dtype), layer)

@@ -28,6 +28,11 @@ class RotaryTables:
         self.types = layer_types(self.config)
         self._by_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
 
+    def kind(self, layer: int):
+        """What sets `layer`'s angles: its layer type where the rotary module has one per type, else None (one
+        table for every layer), so a caller can compute the tables once per kind."""
+        return self.types[layer] if self._by_type else None
+
     @torch.no_grad()
     def __call__(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [T] long -> cos, sin: [T, D] float32, on the model's device
