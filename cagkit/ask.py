@@ -179,8 +179,8 @@ def choose_scope(store: Store, hits: list[Hit], scope: str, budget: int,
                  mode: str = "stored") -> tuple[list[Hit], str, list[dict]]:
     """What to place for the retrieved `hits` in `mode`: (the chunks to place, the scope used, documents left out).
 
-    `document`: the documents of `hits`, in the order of their best hit, each whole (every chunk, in order),
-    as many as fit `budget` tokens; a document that does not fit is left out (reason `no_room`), and when not even
+    `document`: the documents of `hits`, each whole (every chunk, in order; `build_context_cache` places them
+    by path), as many as fit `budget` tokens taken in the order of their best hit; a document that does not fit is left out (reason `no_room`), and when not even
     the first fits, the error names its size and `--scope chunks`. `chunks`: `hits` themselves. `auto`: for the
     modes that place stored KV (`DOCUMENT_MODES`), the documents when all of them fit, else `hits`; for the
     others (`select`, `native`, `oracle`), `hits`."""

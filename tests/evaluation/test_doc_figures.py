@@ -52,6 +52,20 @@ def times(file: str, method: str, baseline: str) -> str:
     return f"{_median_seconds(file, method) / _median_seconds(file, baseline):.1f}"
 
 
+def ratio(file: str, method: str, baseline: str) -> str:
+    """The method's median first token as a share of the baseline's, to three decimals: `0.016`."""
+    return f"{_median_seconds(file, method) / _median_seconds(file, baseline):.3f}"
+
+
+def same_answers(file: str, method: str, baseline: str) -> str:
+    """On how many of the questions both answered the two gave the same answer: `30 of 30`."""
+    runs = json.loads((RESULTS / file).read_text())["methods"]
+    mine = {r["id"]: r["prediction"] for r in runs[method]["examples"]}
+    theirs = {r["id"]: r["prediction"] for r in runs[baseline]["examples"]}
+    shared = mine.keys() & theirs.keys()
+    return f"{sum(mine[i] == theirs[i] for i in shared)} of {len(shared)}"
+
+
 def _signed(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
@@ -74,9 +88,19 @@ HOTPOT_QWEN_15, ORACLE_QWEN_15 = "hotpotqa-smollm2-qwen-1.5b.json", "hotpotqa-sm
 # holds the target's own none and oracle
 DESIGN_ONE_CHUNK_15 = "designs/squad_v2-smollm2-qwen-1.5b-k1-q15.json"
 DESIGN_HOTPOT_15 = "designs/hotpotqa-smollm2-qwen-1.5b-q15.json"
+# document caches (docs/document-caches.md): stores written by the answering model, every method at document scope
+# unless its name says @chunks; native on the first questions only (it equals stored by construction)
+DOC_QWEN, DOC_QWEN_MORE = "document-caches/squad_v2-qwen-doc.json", "document-caches/squad_v2-qwen-doc-200.json"
+DOC_QWEN_15 = "document-caches/squad_v2-qwen-1.5b-doc.json"
 
 SENTENCES = {
     "README.md": [
+        lambda: f"native prefill's answer on {same_answers(DOC_QWEN, 'stored', 'native')} questions at "
+                f"{ratio(DOC_QWEN, 'stored', 'native')} of native's first-token time",
+        lambda: f"{quality(DOC_QWEN_15, 'stored')} F1 against {quality(DOC_QWEN_15, 'select@chunks')} with qwen-1.5b "
+                f"({difference(DOC_QWEN_15, 'stored', 'select@chunks', 'commas')})",
+        lambda: f"{quality(DOC_QWEN_MORE, 'stored')} against {quality(DOC_QWEN_MORE, 'select@chunks')} with qwen "
+                f"({difference(DOC_QWEN_MORE, 'stored', 'select@chunks', 'commas')})",
         lambda: f"select scores {quality(SQUAD_QWEN, 'select')} F1 against {quality(SQUAD_QWEN, 'mot')}",
         lambda: f"translated KV score higher ({quality(SQUAD_GEMMA, 'mot')} against {quality(SQUAD_GEMMA, 'select')}) "
                 f"at {times(SQUAD_GEMMA, 'mot', 'select')} times the wait",
@@ -110,6 +134,14 @@ SENTENCES = {
         lambda: f"its repair alone took a median of {seconds(ORACLE_QWEN_15, 'oracle', 'repair_ms_median')} s, against "
                 f"select's whole first token at {seconds(HOTPOT_QWEN_15, 'select')} s",
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
+    ],
+    "docs/document-caches.md": [
+        lambda: f"{quality(DOC_QWEN, 'native')} F1 for the whole article against {quality(DOC_QWEN, 'native@chunks')} "
+                f"for the top-4 chunks ({difference(DOC_QWEN, 'native', 'native@chunks', 'commas')})",
+        lambda: f"the document-cached chunks placed apart with the default repair (`stored@chunks`) scored "
+                f"{quality(DOC_QWEN_MORE, 'stored@chunks')}, {difference(DOC_QWEN_MORE, 'stored@chunks', 'select@chunks')}",
+        lambda: f"stored answered at {ratio(DOC_QWEN_15, 'stored', 'select@chunks')} of select's first-token time with "
+                f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
     ],
     "docs/translators.md": [
         lambda: f"{quality(DESIGN_ONE_CHUNK_15, 'oracle')} F1 against {quality(DESIGN_ONE_CHUNK_15, 'none')} (the first "
