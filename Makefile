@@ -1,5 +1,6 @@
-# Two commands for a new machine:  `make demo` (set up, ingest the example docs with qwen, ask qwen from its own
-# stored documents, then natively, then from the question's sentences alone, the default) and `make test`.
+# Two commands for a new machine:  `make demo` (set up, ingest the example docs with qwen, ask qwen from the best
+# document's stored KV, then natively over the same document (the same answer, later), then from the question's
+# sentences alone, the default) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -27,8 +28,8 @@ setup-qwen-1.5b: setup
 
 demo: setup
 	$(BIN)/cagkit ingest examples/docs --store $(STORE) --source qwen
-	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode stored "$(QUESTION)"
-	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode native "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode stored --top-k 1 "$(QUESTION)"
+	$(BIN)/cagkit ask --store $(STORE) --model qwen --mode native --scope document --top-k 1 "$(QUESTION)"
 	$(BIN)/cagkit ask --store $(STORE) --model qwen "$(QUESTION)"
 
 test: setup
