@@ -47,7 +47,7 @@ run() {  # run SET SOURCE TARGET TOP_K [METHODS]: one results file
   local out="${set/squad/squad_v2}-$source_model-$target$suffix.json"
   local status=0
   cagkit eval --data "$data" "${args[@]}" --source "$source_model" --target "$target" --methods "$methods" \
-    --top-k "$top_k" --max-new-tokens 24 --out "results/$out" || status=$?
+    --top-k "$top_k" --max-new-tokens 24 --scope chunks --prefill chunks --out "results/$out" || status=$?
   keep "$out"  # what a failed run answered is kept as well
   return $status
 }

@@ -483,7 +483,9 @@ def _load_previous(out: Path, results: dict) -> dict:
 def _identity(results: dict) -> dict:
     """What must match for a run to continue another's results file."""
     recorded = results.get("settings") or {}
-    settings = {k: v for k, v in recorded.items() if k not in _RESUMABLE_CHANGES and k not in PLACEMENT_FIELDS}
+    # blend_by_scope says only whether --blend was left to the scope: at chunk scope, the same placement
+    settings = {k: v for k, v in recorded.items()
+                if k not in _RESUMABLE_CHANGES and k not in PLACEMENT_FIELDS and k != "blend_by_scope"}
     settings["retrieval"] = None if settings.get("full_context") else settings.get("retrieval", "dense")
     settings.setdefault("scope", "chunks")  # files written before --scope placed the retrieved chunks
     keys = ("dataset", "format", "source", "target", "fingerprints")

@@ -387,3 +387,14 @@ def test_blend_one_gives_the_target_s_joint_prefill_of_the_chunks(models, tmp_pa
         run_eval(**args)
     run_eval(**args, blend=0.0)
     assert "--blend 0 " in json.loads((tmp_path / "results.json").read_text())["command"] + " "
+
+
+def test_a_results_file_from_before_scope_resumes_only_at_chunk_scope():
+    from cagkit.evaluation.runner import _identity
+
+    old = {"dataset": "d.json", "format": "squad", "source": "a", "target": "b", "fingerprints": {},
+           "settings": {"top_k": 4, "retrieval": "hybrid", "blend": 0.15, "blend_select": "question"}}
+    new = {**old, "settings": {**old["settings"], "scope": "chunks", "blend_by_scope": True}}
+    assert _identity(new) == _identity(old)  # --scope chunks, --blend left to the scope: 0.15, as before
+    moved = {**old, "settings": {**old["settings"], "scope": "auto", "blend_by_scope": True}}
+    assert _identity(moved) != _identity(old)
