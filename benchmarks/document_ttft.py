@@ -223,14 +223,14 @@ def methods(lm, store, doc_id: str, saved: Path, row: dict) -> dict:
     """The four ways to the first token on document `doc_id`, each a function giving one run's
     {"ttft_ms", "answer", ...}; builds the torch.save baseline's file (recorded in `row`) on the way."""
     from cagkit.ask import answer_from_chunks, choose_scope
-    from cagkit.config import AS_STORED, DOCUMENT_BUDGET, Placement
+    from cagkit.config import AS_STORED, Placement
     from cagkit.generation import context_room, prompt_parts
     from cagkit.retrieval.search import retrieve
 
     prefix, suffix = prompt_parts(lm, QUESTION)
     hits = retrieve(store, QUESTION, TOP_K, documents=[doc_id])
     room = context_room(lm, prefix, suffix, 1)
-    placed, scope, left_out = choose_scope(store, hits, "document", min(room, DOCUMENT_BUDGET))
+    placed, scope, left_out = choose_scope(store, hits, "document", room)
     if scope != "document" or left_out or len(placed) != row["chunks"]:
         raise RuntimeError(f"document scope placed {len(placed)} of {row['chunks']} chunks ({scope}, {left_out})")
     row["select_chunks"] = sorted(h.idx for h in hits)

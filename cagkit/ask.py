@@ -126,9 +126,10 @@ def ask(
         raise CagkitError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if top_k < 1:
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
-    Placement(recompute_layers, Placement.blend if blend is None else blend, blend_select).check()
+    given = Placement(recompute_layers, Placement.blend if blend is None else blend, blend_select)
+    given.check()
     if mode == "select":
-        SelectedSentences.check(Placement(recompute_layers, Placement.blend if blend is None else blend, blend_select))
+        SelectedSentences.check(given)
     opened = Store.open(store) if isinstance(store, (str, Path)) else store
     try:
         lm = load_model(model, device)
@@ -136,7 +137,7 @@ def ask(
         mode = resolve_mode(mode, lm, opened)
         t0 = time.perf_counter()
         hits = retrieve(opened, question, top_k, retrieval)
-        placed, used, left_out = choose_scope(opened, hits, scope, min(room, DOCUMENT_BUDGET), mode)
+        placed, used, left_out = choose_scope(opened, hits, scope, room, mode)
         t1 = time.perf_counter()
         placement = Placement(recompute_layers, default_blend(mode, used) if blend is None else blend, blend_select)
         answer = answer_from_chunks(lm, opened, placed, question, mode, max_new_tokens, on_text, started=t0,
@@ -175,9 +176,11 @@ def default_blend(mode: str, scope: str) -> float:
 DOCUMENT_MODES = ("stored", "mot", "linear", "projector")
 
 
-def choose_scope(store: Store, hits: list[Hit], scope: str, budget: int,
+def choose_scope(store: Store, hits: list[Hit], scope: str, room: int,
                  mode: str = "stored") -> tuple[list[Hit], str, list[dict]]:
     """What to place for the retrieved `hits` in `mode`: (the chunks to place, the scope used, documents left out).
+    `room`: the context tokens the target has beside the prompt and the answer (`cagkit.generation.context_room`);
+    whole documents get at most `cagkit.config.DOCUMENT_BUDGET` of it (`budget`).
 
     `document`: the documents of `hits`, each whole (every chunk, in order; `build_context_cache` places them
     by path), as many as fit `budget` tokens taken in the order of their best hit; a document that does not fit is left out (reason `no_room`), and when not even
@@ -187,6 +190,7 @@ def choose_scope(store: Store, hits: list[Hit], scope: str, budget: int,
     check_scope(scope)
     if scope == "chunks" or not hits or (scope == "auto" and mode not in DOCUMENT_MODES):
         return hits, "chunks", []
+    budget = min(room, DOCUMENT_BUDGET)
     order = list(dict.fromkeys(h.doc_path for h in hits))
     sizes = {}
     for path in order:

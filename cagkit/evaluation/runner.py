@@ -47,7 +47,6 @@ from cagkit.config import (
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_PREFILL,
     DEFAULT_SCOPE,
-    DOCUMENT_BUDGET,
     DEFAULT_EVAL_MAX_NEW_TOKENS,
     DEFAULT_EVAL_METHODS,
     DEFAULT_MODEL,
@@ -213,7 +212,7 @@ def run_eval(
         results["command"] = _command(data, data_format, source, target, held, limit, top_k, full_context,
                                       max_new_tokens, store, out, placement, chunk_tokens, retrieval, scope,
                                       blend_given)
-        budget = min(DOCUMENT_BUDGET, context_room(target_lm, *prompt_parts(target_lm, "?"), max_new_tokens))
+        room = context_room(target_lm, *prompt_parts(target_lm, "?"), max_new_tokens)
         done = {m: {r["id"] for r in records[m]} for m in active}
 
         for number, (example, paths) in enumerate(zip(examples, doc_paths), start=1):
@@ -224,7 +223,7 @@ def run_eval(
             line = []
             for m in todo:
                 placed, used, _ = choose_scope(st, [] if _base(m) == "none" else hits, _own_scope(m) or scope,
-                                               budget, _mode(m))
+                                               room, _mode(m))
                 own = _placement(m, placement)
                 if not blend_given:
                     own = replace(own, blend=default_blend(_mode(m), used)).effective() if own.blend else own

@@ -62,7 +62,6 @@ from cagkit.config import (
     DEFAULT_SCOPE,
     DEFAULT_STORE,
     DEFAULT_TOP_K,
-    DOCUMENT_BUDGET,
 )
 from cagkit.errors import CagkitError
 from cagkit.generation import context_room, prompt_parts
@@ -302,7 +301,7 @@ class CAGQueryEngine(BaseQueryEngine):
         with Store.open(self.store_path) as store:
             mode = resolve_mode(self.mode, self.lm, store)
             room = context_room(self.lm, *prompt_parts(self.lm, question), self.max_new_tokens)
-            placed, scope, left_out = choose_scope(store, hits, self.scope, min(room, DOCUMENT_BUDGET), mode)
+            placed, scope, left_out = choose_scope(store, hits, self.scope, room, mode)
             placement = self.placement or replace(Placement(), blend=default_blend(mode, scope))
             answer = answer_from_chunks(
                 self.lm, store, placed, question, mode, self.max_new_tokens, on_text, started, retrieved,

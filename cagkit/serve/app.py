@@ -35,7 +35,6 @@ from cagkit.config import (
     DEFAULT_RETRIEVAL,
     DEFAULT_SCOPE,
     DEFAULT_TOP_K,
-    DOCUMENT_BUDGET,
     RETRIEVAL_MODES,
     SCOPES,
     Placement,
@@ -356,7 +355,7 @@ class Answering:
                 raise CagkitError(f"none of the documents {', '.join(q.documents)[:300]} is in the store; name "
                                   f"stored documents (POST /v1/retrieve shows their ids) or leave 'documents' out")
             mode = resolve_mode(q.mode, lm, store)
-            placed, scope, left_out = choose_scope(store, hits, q.scope, min(room, DOCUMENT_BUDGET), mode)
+            placed, scope, left_out = choose_scope(store, hits, q.scope, room, mode)
             dropped = []
             if scope == "chunks":
                 placed, dropped = _fit(lm, placed, room, q.max_new_tokens)
