@@ -132,7 +132,9 @@ def ask(
         SelectedSentences.check(given)
     opened = Store.open(store) if isinstance(store, (str, Path)) else store
     try:
+        loading = time.perf_counter()
         lm = load_model(model, device)
+        model_ms = (time.perf_counter() - loading) * 1e3
         room = context_room(lm, *prompt_parts(lm, question), max_new_tokens)  # the question itself must fit
         mode = resolve_mode(mode, lm, opened)
         t0 = time.perf_counter()
@@ -143,6 +145,7 @@ def ask(
         answer = answer_from_chunks(lm, opened, placed, question, mode, max_new_tokens, on_text, started=t0,
                                     retrieved=t1, placement=placement, scope=used, sources=hits)
         answer.retrieval = retrieval
+        answer.timings["model_ms"] = model_ms
         answer.skipped = left_out + answer.skipped
         return answer
     finally:
@@ -240,12 +243,16 @@ def answer_from_chunks(
     gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text)
     end = time.perf_counter()
     decoded = max(len(gen.token_ids) - 1, 0)
+    before = (context.loaded_at - retrieved) * 1e3  # reading stored KV, or a prompt source choosing its text
     timings = {
+        "model_ms": 0.0,  # `ask` sets it: loading the target, before the question's clock starts (0 once loaded)
         "retrieve_ms": (retrieved - started) * 1e3,
-        "load_ms": (context.loaded_at - retrieved) * 1e3,
+        "load_ms": before if context.reads_kv else 0.0,
+        "select_ms": 0.0 if context.reads_kv else before,
         "translate_ms": context.translate_s * 1e3,
         "repair_ms": context.repair_s * 1e3,
-        "prefill_ms": (gen.first_token_at - context.loaded_at - context.translate_s) * 1e3,
+        "place_ms": context.place_s * 1e3,
+        "prefill_ms": (gen.first_token_at - context.loaded_at - context.translate_s - context.place_s) * 1e3,
         "ttft_ms": (gen.first_token_at - started) * 1e3,
         "total_ms": (end - started) * 1e3,
         "tokens_per_s": decoded / gen.decode_s if decoded and gen.decode_s else 0.0,
@@ -271,6 +278,8 @@ class ContextCache:
     repair_s: float = 0.0  # the repair's part of `translate_s`
     placement: dict = field(default_factory=dict)  # the options that shaped it (`ContextSource.settings`)
     skipped: list[dict] = field(default_factory=list)  # chunks left out as damaged or replaced (`load_chunks`)
+    place_s: float = 0.0  # placing the KV into the target's cache (RoPE at its positions), after the repair
+    reads_kv: bool = True  # False for a prompt source, whose time before `loaded_at` chose and tokenised its text
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
@@ -292,7 +301,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         context_ids = source.context_ids(lm, placed, question)
         loaded_at = time.perf_counter()
         return ContextCache(prefix_cache(lm.model, []), prefix_ids + context_ids + suffix_ids, len(context_ids),
-                            loaded_at, 0.0, source.mode, placement=source.settings(placement))
+                            loaded_at, 0.0, source.mode, placement=source.settings(placement), reads_kv=False)
     chunks, skipped = load_chunks(store, placed)
     loaded_at = time.perf_counter()
     kvs, ids = source.chunk_kv(lm, chunks)
@@ -303,8 +312,10 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     synchronize(lm.device)
     repaired_at = time.perf_counter()
     cache = place(lm, prefix_ids, kvs, tables)
+    synchronize(lm.device)
     return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, repaired_at - loaded_at,
-                        source.mode, repaired_at - translated_at, source.settings(placement), skipped)
+                        source.mode, repaired_at - translated_at, source.settings(placement), skipped,
+                        place_s=time.perf_counter() - repaired_at)
 
 
 def load_chunks(store: Store, hits: list[Hit]) -> tuple[list[StoredChunk], list[dict]]:

@@ -24,7 +24,10 @@ TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translate.translator
 # cagkit.retrieval: how chunks are ranked for a question (hybrid: embedding and BM25 rankings fused)
 RETRIEVAL_MODES = ("hybrid", "dense", "lexical")
 DEFAULT_RETRIEVAL = "hybrid"
-KV_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}  # cagkit.store: the dtypes stored KV may take, and their bytes
+# cagkit.store: the dtypes stored KV may take, and their bytes per key or value; int8 and int4 are compressed
+# (cagkit.kv.quant: keys per channel over 64 tokens, values per token over 64 channels, with a float16 scale and
+# minimum per group: 4 bytes per 64 values)
+KV_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1 + 4 / 64, "int4": 0.5 + 4 / 64}
 
 # most source tokens per stored chunk; 256 keeps a chunk, once translated, well inside Gemma 3's 512-token
 # sliding window

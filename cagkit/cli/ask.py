@@ -69,9 +69,15 @@ def run(args) -> int:
              if result.scope == "document" else "retrieved chunks")
     print(
         f"\n{result.model} ({result.mode}{Placement.from_settings(result.placement).describe()}), {result.context_tokens} "
-        f"context tokens ({scope}) by {result.retrieval} retrieval: retrieve {t['retrieve_ms']:.0f} ms, "
-        f"load {t['load_ms']:.0f} ms, translate {t['translate_ms'] - t['repair_ms']:.0f} ms, "
-        f"repair {t['repair_ms']:.0f} ms, prefill {t['prefill_ms']:.0f} ms, "
-        f"first token {t['ttft_ms']:.0f} ms, {t['tokens_per_s']:.1f} tokens/s"
+        f"context tokens ({scope}) by {result.retrieval} retrieval: {_breakdown(t)}, first token {t['ttft_ms']:.0f} ms "
+        f"(model load {t['model_ms']:.0f} ms before it), {t['tokens_per_s']:.1f} tokens/s"
     )
     return 0
+
+
+def _breakdown(t: dict) -> str:
+    """The steps before the first token that took time, in order: `retrieve 12 ms, load 40 ms, ...`."""
+    steps = [("retrieve", t["retrieve_ms"]), ("select", t["select_ms"]), ("load", t["load_ms"]),
+             ("translate", t["translate_ms"] - t["repair_ms"]), ("repair", t["repair_ms"]), ("place", t["place_ms"]),
+             ("prefill", t["prefill_ms"])]
+    return ", ".join(f"{name} {ms:.0f} ms" for name, ms in steps if ms >= 0.5 or name in ("retrieve", "prefill"))

@@ -76,8 +76,9 @@ def run_info(args) -> int:
         print(json.dumps(info))
         return 1 if damaged else 0
     s = info["settings"]
+    per_token = f", {info['kv_bytes_per_token']:,.0f} KV bytes a token" if info["kv_bytes_per_token"] else ""
     print(f"{info['store']}: {info['documents']} documents, {info['chunks']} chunks, {info['tokens']} tokens, "
-          f"{info['bytes'] / 1e6:.1f} MB")
+          f"{info['bytes'] / 1e6:.1f} MB{per_token}")
     print(f"source {s['source']} (fingerprint {s['source_fingerprint']}), {s['dtype']} KV, chunks of at most "
           f"{s['chunk_tokens']} tokens, embedder {s['embedder']}, format {s['format_version']}")
     if info["per_document"]:

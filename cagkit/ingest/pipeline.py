@@ -69,7 +69,7 @@ def ingest(
         chunk_tokens: the most source tokens in one chunk.
         prune: drop documents from the store whose files no longer exist (documents added by `ingest_texts`,
             which have ids rather than files, are kept).
-        dtype: how KV is stored: float16 (default), bfloat16 or float32.
+        dtype: how KV is stored: float16 (default), bfloat16, float32, or compressed: int8 or int4 (cagkit.kv.quant).
         progress: draw a progress bar on stderr.
         device: where the source model prefills: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a
             GPU), `cpu`, `cuda` or `cuda:N`. The stored KV is the same either way, up to rounding.

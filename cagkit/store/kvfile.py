@@ -99,21 +99,36 @@ class KVFile:
 
     def read_chunk(self, idx: int) -> tuple[dict[str, tuple[str, list[int], bytearray]], str]:
         """Chunk `idx`'s tensors as `{name: (dtype, shape, bytes)}` and their checksum."""
-        names = self.chunk_names(idx)
-        out = {}
-        digest = hashlib.sha256()
+        result = self.read_chunks([idx])[idx]
+        if isinstance(result, DamagedFile):
+            raise result
+        return result
+
+    def read_chunks(self, indices) -> dict[int, tuple[dict[str, tuple[str, list[int], bytearray]], str] | DamagedFile]:
+        """`read_chunk` of each chunk of `indices`, their tensors fetched in one read (on object storage, one
+        batch of range requests): per chunk its tensors and checksum, or the `DamagedFile` that says why not.
+        An unreadable file is a `DamagedFile` raised."""
+        names = {idx: self.chunk_names(idx) for idx in indices}
+        wanted = [n for idx in names for n in names[idx]]
         try:
-            for name, buf in zip(names, self._read([self.tensors[n][2:] for n in names])):
-                dtype, shape, begin, end = self.tensors[name]
-                if len(buf) != end - begin:
-                    raise DamagedFile(f"tensor {name} cut short")
-                _update(digest, name, dtype, shape, buf)
-                out[name] = (dtype, shape, buf)
+            bufs = dict(zip(wanted, self._read([self.tensors[n][2:] for n in wanted])))
         except FileNotFoundError:
             raise DamagedFile("missing") from None
         except OSError as exc:
             raise DamagedFile(exc.strerror or type(exc).__name__) from None
-        return out, digest.hexdigest()
+        out: dict = {}
+        for idx, chunk_names in names.items():
+            tensors, digest = {}, hashlib.sha256()
+            for name in chunk_names:
+                dtype, shape, begin, end = self.tensors[name]
+                if len(bufs[name]) != end - begin:
+                    out[idx] = DamagedFile(f"tensor {name} cut short")
+                    break
+                _update(digest, name, dtype, shape, bufs[name])
+                tensors[name] = (dtype, shape, bufs[name])
+            else:
+                out[idx] = (tensors, digest.hexdigest())
+        return out
 
     def _read(self, spans: list[tuple[int, int]]) -> list[bytearray]:
         """The bytes of each (begin, end) of the data section. A remote file's spans are merged where they touch

@@ -80,7 +80,9 @@ from cagkit.store.store import (
     _gone,
     chunk_problems,
     chunk_tensors,
+    summary_of,
     read_chunk,
+    read_chunks,
 )
 
 SETTINGS_FILE = "settings.json"
@@ -468,9 +470,7 @@ class LanceStore(Store):
                               "kv_bytes": sum(sizes.get(f, 0) for f in self.kv_files(doc)),
                               "state": "ok" if self.is_intact(doc, checksums) else "damaged",
                               "prefill": doc.prefill, "window": doc.window, "metadata": doc.metadata})
-        return {"store": self.path, "settings": dict(self.settings.__dict__), "documents": len(documents),
-                "chunks": sum(d["chunks"] for d in documents), "tokens": sum(d["tokens"] for d in documents),
-                "bytes": sum(sizes.values()), "per_document": documents}
+        return summary_of(self.path, self.settings, documents, sum(sizes.values()))
 
     def verify(self) -> dict:
         """As `Store.verify`; `manifest` is "ok" when the table reads, and `orphans` lists the KV files no row
@@ -612,23 +612,23 @@ class LanceStore(Store):
             return []
         rows = self._rows(["chunk_id", "doc_path", "kv_file", "idx", "text", "checksum"],
                           f"chunk_id IN ({', '.join(map(str, sorted(set(ids))))})")
-        by_id = {row["chunk_id"]: row for row in rows.to_pylist()}
+        by_file: dict[str, list[tuple]] = {}
+        for row in rows.to_pylist():
+            by_file.setdefault(row["kv_file"], []).append(
+                (row["chunk_id"], row["doc_path"], row["idx"], row["text"], row["checksum"]))
 
-        def read(chunk_id: int) -> StoredChunk | StoreError:
-            row = by_id.get(chunk_id)
-            if row is None:
-                return _gone(chunk_id, self.path)
-            file = self._loc.path("kv", row["kv_file"])
-            try:
-                return read_chunk(lambda: KVFile(file, self._fs), file, self.path, chunk_id, row["doc_path"],
-                                  row["idx"], row["text"], row["checksum"])
-            except DamagedChunkError as exc:
-                return exc
+        def read(kv_file: str) -> list[StoredChunk | StoreError]:  # one header and one batch of ranges a file
+            file = self._loc.path("kv", kv_file)
+            return read_chunks(lambda: KVFile(file, self._fs), file, self.path, by_file[kv_file])
 
-        if len(ids) == 1:
-            return [read(ids[0])]
-        with ThreadPoolExecutor(max_workers=min(len(ids), PARALLEL_READS)) as pool:
-            return list(pool.map(read, ids))
+        files = list(by_file)
+        if len(files) <= 1:
+            results = [read(f) for f in files]
+        else:
+            with ThreadPoolExecutor(max_workers=min(len(files), PARALLEL_READS)) as pool:
+                results = list(pool.map(read, files))
+        found = {entry[0]: result for f, got in zip(files, results) for entry, result in zip(by_file[f], got)}
+        return [found.get(i) or _gone(i, self.path) for i in ids]
 
     # -- writing -------------------------------------------------------------------------------------------
 

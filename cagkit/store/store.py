@@ -377,13 +377,8 @@ class SQLiteStore(Store):
                               "state": state, "prefill": doc.prefill, "window": doc.window,
                               "metadata": doc.metadata})
         manifest = self.path / "manifest.sqlite"
-        return {
-            "store": str(self.path), "settings": dict(self.settings.__dict__),
-            "documents": len(documents), "chunks": sum(d["chunks"] for d in documents),
-            "tokens": sum(d["tokens"] for d in documents),
-            "bytes": sum(d["kv_bytes"] for d in documents) + (manifest.stat().st_size if manifest.exists() else 0),
-            "per_document": documents,
-        }
+        return summary_of(str(self.path), self.settings, documents,
+                          sum(d["kv_bytes"] for d in documents) + (manifest.stat().st_size if manifest.exists() else 0))
 
     def verify(self) -> dict:
         """Check everything: the manifest (SQLite's integrity check), every document's KV files, tensors and
@@ -498,22 +493,35 @@ class SQLiteStore(Store):
     def load_chunk(self, chunk_id: int) -> StoredChunk:
         """A chunk's text and KV, its tensors read alone from its KV file and checked against the checksum
         recorded when they were written; a `DamagedChunkError` names the document and how to rebuild it."""
-        row = self._conn.execute(
-            "SELECT d.path, c.kv_file, c.idx, c.text, c.checksum FROM chunks c JOIN documents d ON d.id = c.doc_id "
-            "WHERE c.id = ?", (chunk_id,),
-        ).fetchone()
-        if row is None:
-            raise _gone(chunk_id, self.path)
-        doc_path, kv_file, idx, text, checksum = row
-        try:
-            return read_chunk(lambda: KVFile(self.path / "kv" / (kv_file or "")), self.path / "kv" / (kv_file or ""),
-                              self.path, chunk_id, doc_path, idx, text, checksum if kv_file is not None else None)
-        except DamagedChunkError:
-            # a writer that replaced the document since the row was read deletes its old files: not damage
-            now = self._conn.execute("SELECT kv_file FROM chunks WHERE id = ?", (chunk_id,)).fetchone()
-            if now is None or now[0] != kv_file:
-                raise _gone(chunk_id, self.path) from None
-            raise
+        (result,) = self.load_chunks([chunk_id])
+        if isinstance(result, StoreError):
+            raise result
+        return result
+
+    def load_chunks(self, chunk_ids: list[int]) -> list[StoredChunk | StoreError]:
+        """`Store.load_chunks`: the chunks' rows in one query, and each KV file opened once for all of its
+        chunks asked for (a document's chunks are a few files)."""
+        ids = [int(i) for i in chunk_ids]
+        rows = {r[0]: r[1:] for r in self._conn.execute(
+            "SELECT c.id, d.path, c.kv_file, c.idx, c.text, c.checksum FROM chunks c JOIN documents d ON "
+            f"d.id = c.doc_id WHERE c.id IN ({', '.join('?' * len(set(ids)))})", sorted(set(ids)))} if ids else {}
+        by_file: dict[str | None, list[tuple]] = {}
+        for chunk_id in dict.fromkeys(ids):
+            if chunk_id in rows:
+                doc_path, kv_file, idx, text, checksum = rows[chunk_id]
+                by_file.setdefault(kv_file, []).append(
+                    (chunk_id, doc_path, idx, text, checksum if kv_file is not None else None))
+        found: dict[int, StoredChunk | StoreError] = {}
+        for kv_file, entries in by_file.items():
+            file = self.path / "kv" / (kv_file or "")
+            for entry, result in zip(entries, read_chunks(lambda: KVFile(file), file, self.path, entries)):
+                if isinstance(result, DamagedChunkError):
+                    # a writer that replaced the document since the row was read deletes its old files: not damage
+                    now = self._conn.execute("SELECT kv_file FROM chunks WHERE id = ?", (entry[0],)).fetchone()
+                    if now is None or now[0] != kv_file:
+                        result = _gone(entry[0], self.path)
+                found[entry[0]] = result
+        return [found.get(i) or _gone(i, self.path) for i in ids]
 
     # -- housekeeping --------------------------------------------------------------------------------------
 
@@ -666,14 +674,19 @@ class DocumentWriter:
 
 def chunk_tensors(chunks: list[NewChunk], first: int, dtype: str) -> dict:
     """The KV-file tensors of `chunks`, numbered from `first`: per chunk `{i}.keys` and `{i}.values` [L, T, H, D]
-    in `dtype`, `{i}.token_ids` [T] and `{i}.offsets` [T, 2] int32, and its sentences where it has them."""
+    in `dtype` (int8 and int4: their codes, with scales beside them, as `cagkit.kv.quant` names them), `{i}.token_ids` [T] and `{i}.offsets` [T, 2] int32, and its sentences where it has them."""
     import torch
 
-    kv_dtype = getattr(torch, check_dtype(dtype))
+    from cagkit.kv import quant
+
+    check_dtype(dtype)
     tensors = {}
     for i, c in enumerate(chunks, start=first):
-        tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=kv_dtype).contiguous()
-        tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=kv_dtype).contiguous()
+        if quant.is_quantized(dtype):
+            tensors.update({f"{i}.{name}": t for name, t in quant.quantize(c.kv.keys, c.kv.values, dtype).items()})
+        else:
+            tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=getattr(torch, dtype)).contiguous()
+            tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=getattr(torch, dtype)).contiguous()
         tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)
         tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)
         if c.sentences is not None:
@@ -681,6 +694,16 @@ def chunk_tensors(chunks: list[NewChunk], first: int, dtype: str) -> dict:
         if c.context is not None:
             tensors[f"{i}.context"] = torch.tensor(c.context, dtype=torch.int32)
     return tensors
+
+
+def summary_of(location: str, settings: StoreSettings, documents: list[dict], total_bytes: int) -> dict:
+    """A store's summary from its per-document entries: totals, and the KV bytes on disk per stored token (KV
+    files hold each chunk's tokens, offsets and sentences beside its keys and values)."""
+    tokens = sum(d["tokens"] for d in documents)
+    kv_bytes = sum(d["kv_bytes"] for d in documents)
+    return {"store": location, "settings": dict(settings.__dict__), "documents": len(documents),
+            "chunks": sum(d["chunks"] for d in documents), "tokens": tokens, "bytes": total_bytes,
+            "kv_bytes_per_token": round(kv_bytes / tokens, 1) if tokens else None, "per_document": documents}
 
 
 def chunk_problems(n_chunks: int, rows, open_file, checksums: bool) -> list[str]:
@@ -731,29 +754,50 @@ def read_chunk(open_file, file_label, store, chunk_id: int, doc_path: str, idx: 
                checksum: str | None) -> StoredChunk:
     """Chunk `idx` of the KV file `open_file()` opens, checked against `checksum` (None: none was recorded), as a
     `StoredChunk`; a `DamagedChunkError` names `file_label`, the document and how to rebuild it."""
+    (result,) = read_chunks(open_file, file_label, store, [(chunk_id, doc_path, idx, text, checksum)])
+    if isinstance(result, DamagedChunkError):
+        raise result
+    return result
+
+
+def read_chunks(open_file, file_label, store, entries: list[tuple]) -> list[StoredChunk | DamagedChunkError]:
+    """`read_chunk` of each (chunk_id, doc_path, idx, text, checksum) of `entries`, all in the KV file that
+    `open_file()` opens: its header read once and the chunks' tensors in one read (on object storage, one batch of
+    range requests). Int8 and int4 KV is dequantized here, as it is placed."""
     from cagkit.kv.chunk import ChunkKV
+    from cagkit.kv.quant import dequantize
 
     try:
-        if checksum is None:
-            raise DamagedFile("no checksum was recorded for it")
-        tensors, actual = open_file().read_chunk(idx)
-        missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in tensors]
-        if missing:
-            raise DamagedFile(f"chunk {idx} lacks its {', '.join(missing)}")
-        if actual != checksum:
-            raise DamagedFile(f"chunk {idx} does not match its checksum")
+        read = open_file().read_chunks([e[2] for e in entries if e[4] is not None])
     except DamagedFile as exc:
-        raise DamagedChunkError(
-            f"KV file {file_label} of document {doc_path} is damaged ({exc}); run `cagkit store repair --store "
-            f"{store}` or `cagkit ingest {doc_path} --store {store}` to rebuild it", doc_path, idx
-        ) from None
-    t = {name.split(".", 1)[1]: to_torch(*value) for name, value in tensors.items()}
-    sentences = None
-    if "sentences" in t:
-        sentences = (t["sentences"].numpy(), t["sentence_embeddings"].float().numpy())
-    context = tuple(int(x) for x in t["context"].tolist()) if "context" in t else None
-    return StoredChunk(chunk_id, doc_path, idx, text, t["token_ids"].tolist(), t["offsets"],
-                       ChunkKV(t["keys"], t["values"]), sentences, context)
+        read = {e[2]: exc for e in entries}
+    out: list[StoredChunk | DamagedChunkError] = []
+    for chunk_id, doc_path, idx, text, checksum in entries:
+        try:
+            if checksum is None:
+                raise DamagedFile("no checksum was recorded for it")
+            if isinstance(read[idx], DamagedFile):
+                raise read[idx]
+            tensors, actual = read[idx]
+            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in tensors]
+            if missing:
+                raise DamagedFile(f"chunk {idx} lacks its {', '.join(missing)}")
+            if actual != checksum:
+                raise DamagedFile(f"chunk {idx} does not match its checksum")
+        except DamagedFile as exc:
+            out.append(DamagedChunkError(
+                f"KV file {file_label} of document {doc_path} is damaged ({exc}); run `cagkit store repair --store "
+                f"{store}` or `cagkit ingest {doc_path} --store {store}` to rebuild it", doc_path, idx))
+            continue
+        t = {name.split(".", 1)[1]: to_torch(*value) for name, value in tensors.items()}
+        sentences = None
+        if "sentences" in t:
+            sentences = (t["sentences"].numpy(), t["sentence_embeddings"].float().numpy())
+        context = tuple(int(x) for x in t["context"].tolist()) if "context" in t else None
+        kv = ChunkKV(*dequantize(t)) if "quant" in t else ChunkKV(t["keys"], t["values"])
+        out.append(StoredChunk(chunk_id, doc_path, idx, text, t["token_ids"].tolist(), t["offsets"], kv, sentences,
+                               context))
+    return out
 
 
 def is_store(location: str | Path) -> bool:

@@ -39,8 +39,13 @@ def test_ask_json_prints_one_object_on_the_last_line(store, capsys, tiny_gemma):
                  "--top-k", "1", "--max-new-tokens", "5", "--mode", "mot", "--json"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
-    assert set(result["timings"]) == {"retrieve_ms", "load_ms", "translate_ms", "repair_ms", "prefill_ms", "ttft_ms",
-                                      "total_ms", "tokens_per_s"}
+    t = result["timings"]
+    assert set(t) == {"model_ms", "retrieve_ms", "select_ms", "load_ms", "translate_ms", "repair_ms", "place_ms",
+                      "prefill_ms", "ttft_ms", "total_ms", "tokens_per_s"}
+    # the steps before the first token add up to it; reading stored KV is load, not select
+    steps = t["retrieve_ms"] + t["select_ms"] + t["load_ms"] + t["translate_ms"] + t["place_ms"] + t["prefill_ms"]
+    assert abs(steps - t["ttft_ms"]) < 1e-6 * t["ttft_ms"] + 1e-3
+    assert t["load_ms"] > 0 and t["select_ms"] == 0 and t["place_ms"] > 0
     assert result["model"] == "tiny-llama" and result["mode"] == "reuse" and result["retrieval"] == "hybrid"
     assert result["sources"][0]["document"].endswith("notes.md")
     # the same call through the library gives the same (greedy) answer

@@ -201,16 +201,16 @@ def test_a_chunk_whose_file_a_writer_deleted_while_it_was_read_is_replaced_not_d
     store = tmp_path / "s"
     with Store.open_for_writing(store, settings_for("fp")) as st:
         st.write_document("a", "a" * 64, *fake_chunks("one two three. four five.", seed=1))
-    read_chunk = store_module.read_chunk
+    read_chunks = store_module.read_chunks
 
     def replaced_meanwhile(*args, **kwargs):
         with Store.open_for_writing(store, settings_for("fp")) as writer:
             writer.write_document("a", "c" * 64, *fake_chunks("ten, again. eleven twelve.", seed=3))
-        return read_chunk(*args, **kwargs)
+        return read_chunks(*args, **kwargs)
 
     with Store.open(store) as reader:
         first = reader.chunk_ids("a")[0]
-        monkeypatch.setattr(store_module, "read_chunk", replaced_meanwhile)
+        monkeypatch.setattr(store_module, "read_chunks", replaced_meanwhile)
         with pytest.raises(ChunkGoneError, match=f"chunk {first} is not in store"):
             reader.load_chunk(first)
 

@@ -576,3 +576,29 @@ def test_a_kv_file_reads_the_same_from_a_remote_filesystem(tmp_path):
     memory.pipe_file("/kv/short.safetensors", data[:-40])  # cut short: the last tensor is found damaged
     with pytest.raises(DamagedFile):
         KVFile("/kv/short.safetensors", memory).read_chunk(2)
+
+
+def test_a_documents_chunks_in_one_remote_file_are_one_batch_of_ranges(tmp_path, monkeypatch):
+    """A document's chunks are fetched per KV file: one header request and one batch of byte ranges for all of
+    them, the same tensors and checksums as reading each chunk alone."""
+    import fsspec
+
+    from cagkit.store.kvfile import KVFile
+
+    store = tmp_path / "s"
+    with Store.open_for_writing(store, settings_for("fp"), manifest="lance") as st:
+        st.write_document("a", "a" * 64, *fake_chunks("one two three. four five. six. seven eight.", seed=1))
+        (kv_file,) = st.kv_files(st.document("a"))
+    memory = fsspec.filesystem("memory")
+    memory.pipe_file("/kv/f.safetensors", (store / "kv" / kv_file).read_bytes())
+    remote = KVFile("/kv/f.safetensors", memory)  # the header: one request
+    batches = []
+    real = memory.cat_ranges
+    monkeypatch.setattr(memory, "cat_ranges", lambda paths, *a, **k: batches.append(len(paths)) or real(paths, *a, **k))
+    together = remote.read_chunks(range(4))
+    assert batches == [1]  # one batch, of one range: the four chunks' tensors lie side by side
+    alone = KVFile(store / "kv" / kv_file)
+    for i in range(4):
+        tensors, checksum = alone.read_chunk(i)
+        assert together[i][1] == checksum
+        assert all(bytes(together[i][0][n][2]) == bytes(tensors[n][2]) for n in tensors)
