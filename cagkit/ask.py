@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -33,6 +34,7 @@ from cagkit.kv.prefill import prefix_cache
 from cagkit.kv.repair import blend as blend_chunks
 from cagkit.kv.rope import RotaryTables
 from cagkit.kv.selection import question_order
+from cagkit.kv.warm import WarmCaches, WarmContext, cache_bytes
 from cagkit.models.device import synchronize
 from cagkit.models.loading import LoadedModel, load_model
 from cagkit.retrieval.rank import check_retrieval
@@ -58,6 +60,7 @@ class Answer:
     skipped: list[dict] = field(default_factory=list)
     scope: str = "chunks"  # what was placed: whole `document`s or the retrieved `chunks`
     documents: list[str] = field(default_factory=list)  # at document scope, the documents placed, in order
+    warm: bool = False  # the context was a copy of one kept from an earlier question (`cagkit.kv.warm`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -231,15 +234,17 @@ def answer_from_chunks(
     placement: Placement = Placement(),
     scope: str = "chunks",
     sources: list[Hit] | None = None,
+    warm: WarmCaches | None = None,
 ) -> Answer:
     """Answer `question` with `lm` from the given chunks (the part of `ask` after retrieval and `choose_scope`).
 
     The chunks are placed in document order, whatever their scores, so text that belongs together reads in order.
-    `sources`: the retrieved chunks to name as the answer's sources (default: `hits`).
+    `sources`: the retrieved chunks to name as the answer's sources (default: `hits`). `warm`: contexts kept
+    from earlier questions (`build_context_cache`).
     """
     started = started or time.perf_counter()
     retrieved = retrieved or started
-    context = build_context_cache(lm, store, hits, question, mode, placement, scope)
+    context = build_context_cache(lm, store, hits, question, mode, placement, scope, warm)
     gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text)
     end = time.perf_counter()
     decoded = max(len(gen.token_ids) - 1, 0)
@@ -262,7 +267,7 @@ def answer_from_chunks(
              if (h.doc_path, h.idx) not in gone]
     documents = list(dict.fromkeys(h.doc_path for h in hits)) if scope == "document" else []
     return Answer(gen.text, named, timings, lm.name, context.mode, context.context_tokens, context.placement,
-                  skipped=context.skipped, scope=scope, documents=documents)
+                  skipped=context.skipped, scope=scope, documents=documents, warm=context.warm)
 
 
 @dataclass
@@ -280,10 +285,12 @@ class ContextCache:
     skipped: list[dict] = field(default_factory=list)  # chunks left out as damaged or replaced (`load_chunks`)
     place_s: float = 0.0  # placing the KV into the target's cache (RoPE at its positions), after the repair
     reads_kv: bool = True  # False for a prompt source, whose time before `loaded_at` chose and tokenised its text
+    warm: bool = False  # a copy of a context kept in `cagkit.kv.warm.WarmCaches`: nothing was read or placed
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
-                        placement: Placement = Placement(), scope: str = "chunks") -> ContextCache:
+                        placement: Placement = Placement(), scope: str = "chunks",
+                        warm: WarmCaches | None = None) -> ContextCache:
     """Bring the chunks of `hits` into `lm`'s cache for `question`, stopping before the question is prefilled.
 
     The context's source is chosen once (`cagkit.kv.context.context_source`). The chunks are placed in document
@@ -291,7 +298,8 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     leaves the cache empty and the whole prompt pending, as a target without cagkit would read it. Otherwise the
     steps are: load the chunks, their KV from the source (`translate_s` starts), the repair (`repair_s`: the
     target's recomputed bottom layers, then `placement.blend`), and the placing; `ask` prints the two parts of
-    `translate_s` as "translate" and "repair".
+    `translate_s` as "translate" and "repair". With `warm`, a context placed with blend 0 is kept there and
+    a later question on the same chunks starts from a copy of it (`cagkit.kv.warm`): nothing is read or placed.
     """
     placement.check(lm)
     source = context_source(resolve_mode(mode, lm, store), lm, store, placement, scope)
@@ -302,6 +310,17 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         loaded_at = time.perf_counter()
         return ContextCache(prefix_cache(lm.model, []), prefix_ids + context_ids + suffix_ids, len(context_ids),
                             loaded_at, 0.0, source.mode, placement=source.settings(placement), reads_kv=False)
+    key = None
+    if warm is not None and not placement.blend:
+        settings = source.settings(placement)
+        key = (lm.name, lm.fingerprint, str(store.path), tuple(h.chunk_id for h in placed), source.mode,
+               json.dumps(settings, sort_keys=True, default=str), tuple(prefix_ids))
+        found = warm.get(key)
+        if found is not None:
+            entry, cache = found
+            now = time.perf_counter()
+            return ContextCache(cache, suffix_ids, entry.context_tokens, now, 0.0, entry.mode, 0.0, entry.placement,
+                                list(entry.skipped), place_s=0.0, warm=True)
     chunks, skipped = load_chunks(store, placed)
     loaded_at = time.perf_counter()
     kvs, ids = source.chunk_kv(lm, chunks)
@@ -312,9 +331,13 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     synchronize(lm.device)
     repaired_at = time.perf_counter()
     cache = place(lm, prefix_ids, kvs, tables)
+    tokens = sum(kv.num_tokens for kv in kvs)
+    if key is not None:  # kept for the next question; this one extends a copy
+        cache = warm.put(key, WarmContext(cache, tokens, source.mode, source.settings(placement), skipped,
+                                          cache_bytes(cache)))
     synchronize(lm.device)
-    return ContextCache(cache, suffix_ids, sum(kv.num_tokens for kv in kvs), loaded_at, repaired_at - loaded_at,
-                        source.mode, repaired_at - translated_at, source.settings(placement), skipped,
+    return ContextCache(cache, suffix_ids, tokens, loaded_at, repaired_at - loaded_at, source.mode,
+                        repaired_at - translated_at, source.settings(placement), skipped,
                         place_s=time.perf_counter() - repaired_at)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cagkit.cli.options import add_device_options, add_placement_options, add_retrieval_option, add_scope_option
 from cagkit.config import (
+    KV_DTYPES,
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_PREFILL,
     DEFAULT_EVAL_MAX_NEW_TOKENS,
@@ -46,6 +47,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill", default=DEFAULT_PREFILL, choices=list(PREFILL_KINDS),
                    help="how that store's documents are prefilled, if new (`cagkit ingest --prefill`; default: "
                         "%(default)s)")
+    p.add_argument("--dtype", default="float16", choices=list(KV_DTYPES),
+                   help="KV dtype of that store, if new (`cagkit ingest --dtype`; default: %(default)s; another "
+                        "gets its own default store and results file, ending in -<dtype>)")
     p.add_argument("--out", default=None, help="results JSON (default: results/<data>-<source>-<target>.json)")
     add_device_options(p)
     p.set_defaults(func=run_eval)
@@ -73,7 +77,7 @@ def run_eval(args) -> int:
                           data_format=args.format, max_new_tokens=args.max_new_tokens, store=args.store,
                           chunk_tokens=args.chunk_tokens, recompute_layers=args.recompute_layers, blend=args.blend,
                           blend_select=args.blend_select, device=args.device, retrieval=args.retrieval,
-                          scope=args.scope, prefill=args.prefill)
+                          scope=args.scope, prefill=args.prefill, dtype=args.dtype)
     print(f"wrote {out}")
     return 0
 
@@ -99,7 +103,8 @@ def run_compare(args) -> int:
           f"− first (95% interval)")
     for r in rows:
         d = r["difference"]
-        diff = "" if d is None else f"{d['mean']:+.3f} ({d['low']:+.3f} to {d['high']:+.3f}), {d['questions']} q"
+        diff = "" if d is None else (f"{d['mean']:+.3f} ({d['low']:+.3f} to {d['high']:+.3f}), {d['questions']} q, "
+                                     f"{d['same_answers']} the same answer")
         quality = "-" if r["quality"] is None else f"{r['quality']:.3f}"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         print(f"{r['file'] + ':' + r['method']:<{name}}  {r['target']:<8} {r['placement']:<{place}} "

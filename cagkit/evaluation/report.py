@@ -304,7 +304,8 @@ def compare(specs: list[str]) -> list[dict]:
     """Compare methods across results files, question by question: each `FILE[:METHOD]` (METHOD default `mot`)
     against the first. One row each: file, method, placement, questions, quality (F1, or accuracy on closed-set
     data) over its own questions, and, from the second on, its ratio to the first and the paired difference from
-    the first, both over the questions the two answered.
+    the first, both over the questions the two answered, with how many of those it answered word for word as the
+    first did (`same_answers`).
 
     This is how two checkpoints, recipes or placements are told apart: the paired interval covers the questions
     (not the training run), so a difference inside it is noise. Files of other data sets are refused."""
@@ -337,7 +338,10 @@ def compare(specs: list[str]) -> list[dict]:
                 raise CagkitError(f"{path} ({method}) shares no scored question with {base_path} ({base_method}); "
                                   f"rerun `cagkit eval` over the same questions")
             mean, low, high = paired_bootstrap([x - y for x, y in pairs])
-            row["difference"] = {"questions": len(pairs), "mean": mean, "low": low, "high": high}
+            answers = {r["id"]: r.get("prediction") for r in base_scores.get("examples") or []}
+            same = sum(r.get("prediction") == answers[r["id"]] for r in scores.get("examples") or []
+                       if r["id"] in answers)
+            row["difference"] = {"questions": len(pairs), "mean": mean, "low": low, "high": high, "same_answers": same}
             base = sum(y for _, y in pairs) / len(pairs)
             row["ratio"] = (base + mean) / base if base else None  # over the same questions as the difference
         rows.append(row)

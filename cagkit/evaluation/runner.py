@@ -69,7 +69,7 @@ from cagkit.models.device import model_device, synchronize
 from cagkit.models.loading import LoadedModel, load_model
 from cagkit.retrieval.rank import check_retrieval
 from cagkit.retrieval.search import retrieve
-from cagkit.store.store import Hit, Store
+from cagkit.store.store import Hit, Store, check_dtype
 from cagkit.translate.cards import checkpoint_digest, translator_path
 
 TRANSLATED = ("linear", "projector", "mot", "mot-placed")
@@ -99,6 +99,7 @@ def run_eval(
     retrieval: str = DEFAULT_RETRIEVAL,
     scope: str = DEFAULT_SCOPE,
     prefill: str = DEFAULT_PREFILL,
+    dtype: str = "float16",
 ) -> Path:
     """Evaluate `methods` on the questions of `data` and write the results JSON; returns its path.
 
@@ -131,6 +132,8 @@ def run_eval(
             text the stored methods place. Each record says the scope it was answered at. Results files written
             before it was an option read `chunks`.
         prefill: how a new store's documents are prefilled (`cagkit.ingest.ingest`).
+        dtype: the KV dtype of a new store (`cagkit ingest --dtype`); another than float16 gets its own default
+            store and results file, ending in -<dtype>.
         The three placement options and the retrieval are recorded in the settings, and a results file is
         resumed only by a run with the same ones.
     """
@@ -148,6 +151,7 @@ def run_eval(
     examples = load_examples(data, data_format, limit)
     stem = Path(data).stem
     size = "" if chunk_tokens == DEFAULT_CHUNK_TOKENS else f"-c{chunk_tokens}"  # other chunk sizes get their own
+    size += "" if dtype == "float16" else f"-{check_dtype(dtype)}"  # so do other KV dtypes
     store_path = Path(store) if store is not None else RESULTS_DIR / "stores" / f"{stem}-{_slug(source)}{size}"
     out = Path(out) if out is not None else RESULTS_DIR / f"{stem}-{_slug(source)}-{_slug(target)}{size}.json"
 
@@ -156,7 +160,7 @@ def run_eval(
     _log(f"ingesting {len(documents)} documents with {source} into {store_path}")
     # runs over the same data share its store: one started while another ingests waits for it
     ingest(documents, store=store_path, source=source, chunk_tokens=chunk_tokens, progress=True, device=device,
-           wait=True, prefill=prefill)
+           wait=True, prefill=prefill, dtype=dtype)
     source_lm, target_lm = load_model(source, device), load_model(target, device)
 
     with Store.open(store_path) as st:

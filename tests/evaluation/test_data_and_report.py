@@ -545,6 +545,8 @@ def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
     base["settings"] = {"top_k": 1, "blend": 0.0}
     other = _run_with_records(False, {"mot": [1.0, 0.0] * 50})
     other["methods"]["mot"]["examples"] = other["methods"]["mot"]["examples"][::-1]  # pairs by id, not by order
+    for r in other["methods"]["mot"]["examples"][:30]:
+        r["prediction"] = "y"  # 30 answers differ from the baseline's word for word
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(base))
     b.write_text(json.dumps(other))
@@ -564,12 +566,13 @@ def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
     a.write_text(json.dumps(base))
     # b has no settings: written before placements were recorded, its chunks were placed as stored
     difference = rows[1]["difference"]
-    assert difference["questions"] == 100 and difference["mean"] == 0.25
+    assert difference["questions"] == 100 and difference["mean"] == 0.25 and difference["same_answers"] == 70
+    assert rows[2]["difference"]["same_answers"] == 100
     assert 0.15 < difference["low"] < 0.25 < difference["high"] < 0.35
     assert main(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[2].split()[-8:] == ["0.500", "2.00x", "+0.250", f"({difference['low']:+.3f}", "to",
-                                   f"{difference['high']:+.3f}),", "100", "q"]
+    assert out[2].split()[-12:] == ["0.500", "2.00x", "+0.250", f"({difference['low']:+.3f}", "to",
+                                    f"{difference['high']:+.3f}),", "100", "q,", "70", "the", "same", "answer"]
     short = _run_with_records(False, {"mot": [1.0] * 10})  # stopped early, on questions the baseline half-answered
     short["methods"]["mot"]["examples"] = [{**r, "id": f"q{2 * i}"} for i, r in enumerate(
         short["methods"]["mot"]["examples"])]
