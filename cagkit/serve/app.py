@@ -163,7 +163,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         q = parse_query(parse_body(await request.body()))
         started = time.perf_counter()
         try:
-            _, hits = await asyncio.to_thread(state.retrieve, q.query, q.top_k, q.retrieval, q.documents)
+            _, hits, _ = await asyncio.to_thread(state.retrieve, q.query, q.top_k, q.retrieval, q.documents)
         except CagkitError as exc:
             raise api_error(exc) from None
         return retrieved_body(hits, q.retrieval, (time.perf_counter() - started) * 1e3)

@@ -82,17 +82,20 @@ class ServerState:
         return job
 
     def retrieve(self, question: str, top_k: int, retrieval: str, documents: list[str] | None):
-        """The hits for `question` from the store as this thread sees it (`StoreReader.current`)."""
+        """The store as this thread sees it (`StoreReader.current`), the hits for `question` from it, and the
+        question's embedding (None when none of `documents` is stored), which the answer reuses."""
+        from cagkit.retrieval.embeddings import embed_query
         from cagkit.retrieval.search import retrieve
 
         store = self.reader.current()
         if documents is not None:
             known = [d for d in documents if store.document(d) is not None]
             if not known:
-                return store, []
+                return store, [], None
             documents = known
         with self.embed_lock:
-            return store, retrieve(store, question, top_k, retrieval, documents)
+            vector = embed_query(question)
+            return store, retrieve(store, question, top_k, retrieval, documents, vector), vector
 
     def store_stats(self) -> dict:
         try:
@@ -155,12 +158,12 @@ class Answering:
         try:
             q = self.q
             started = time.perf_counter()
-            prefix, suffix = prompt_parts(lm, q.question)
+            prefix, suffix = prompt = prompt_parts(lm, q.question)
             try:
                 room = context_room(lm, prefix, suffix, q.max_new_tokens)
             except CagkitError as exc:
                 raise ContextTooLong(str(exc)) from None
-            store, hits = self.state.retrieve(q.question, q.top_k, q.retrieval, q.documents)
+            store, hits, vector = self.state.retrieve(q.question, q.top_k, q.retrieval, q.documents)
             if q.documents is not None and not hits:
                 raise CagkitError(f"none of the documents {', '.join(q.documents)[:300]} is in the store; name "
                                   f"stored documents (POST /v1/retrieve shows their ids) or leave 'documents' out")
@@ -173,7 +176,8 @@ class Answering:
             placement = q.placement if q.blend_given else replace(q.placement, blend=default_blend(mode, scope))
             answer = answer_from_chunks(lm, store, placed, q.question, mode, q.max_new_tokens, self._on_text,
                                         started=started, retrieved=retrieved, placement=placement, scope=scope,
-                                        sources=[h for h in hits if scope == "document" or h in placed])
+                                        sources=[h for h in hits if scope == "document" or h in placed],
+                                        prompt=prompt, vector=vector)
             answer.retrieval = q.retrieval
             answer.skipped = left_out + dropped + answer.skipped
             completion = lm.count_tokens(answer.answer) if answer.answer else 0
