@@ -23,7 +23,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cagkit.errors import CagkitError
 # CHUNK_MARGIN_TOKENS, ContextTooLong, MAX_*, Question: importable from here, as before the engine and the
 # schemas had modules of their own
-from cagkit.serve.engine import CHUNK_MARGIN_TOKENS, Answering, Cancelled, ContextTooLong, ServerState  # noqa: F401
+from cagkit.serve.engine import (  # noqa: F401
+    CHUNK_MARGIN_TOKENS,
+    Answering,
+    Cancelled,
+    ContextTooLong,
+    Question,
+    ServerState,
+)
 from cagkit.serve.schemas import (  # noqa: F401
     MAX_INGEST_DOCUMENTS,
     MAX_NEW_TOKENS,
@@ -31,7 +38,6 @@ from cagkit.serve.schemas import (  # noqa: F401
     MAX_TOP_K,
     ApiError,
     Completion,
-    Question,
     api_error,
     cagkit_part,
     finish_reason,

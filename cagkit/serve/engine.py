@@ -1,10 +1,10 @@
 """The engine of `cagkit serve`: the loaded models, the store, the queue of answers, cancellation and streaming.
 
-    state = ServerState(config)          # the model pool, the store reader, ingest jobs, the counters
+    state = ServerState(config)            # the model pool, the store reader, ingest jobs, the counters
     job = state.submit(question, arrived)  # on the event loop: queue the answer on its model's thread
-    piece = await job.next_piece()        # streamed text, None once the answer is finished
+    piece = await job.next_piece()         # streamed text, None once the answer is finished
     answer, prompt, completion = job.done.result()
-    job.abandon()                         # the client went away: off the queue, or stopped at the next token
+    job.abandon()                          # the client went away: off the queue, or stopped at the next token
 
 Everything that touches a model (its tokenizer, retrieval for its question, the answer) runs on that model's
 thread in the `ModelPool`; the event loop only moves bytes, so a slow answer never holds up another model's
@@ -18,17 +18,15 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
+from cagkit.config import DEFAULT_SCOPE, Placement
 from cagkit.errors import CagkitError
 from cagkit.serve.jobs import IngestJobs
 from cagkit.serve.metrics import Metrics
 from cagkit.serve.models import ModelPool
 from cagkit.serve.settings import ServeConfig
 from cagkit.serve.store import StoreReader
-
-if TYPE_CHECKING:
-    from cagkit.serve.schemas import Question
 
 CHUNK_MARGIN_TOKENS = 8  # per retrieved chunk, room for the separators and sink tokens that placing it adds
 DISCONNECT_POLL_S = 0.25  # how often a request still queued checks whether its client is still there
@@ -40,6 +38,26 @@ class ContextTooLong(CagkitError):
 
 class Cancelled(Exception):
     """Raised on a model's thread to stop an answer whose client went away."""
+
+
+@dataclass
+class Question:
+    """What a completion request asks: the model, the question and how to answer it (made from a request's body by
+    `cagkit.serve.schemas.parse_question`)."""
+
+    kind: str  # "chat" or "text"
+    model: str
+    question: str
+    stream: bool
+    include_usage: bool
+    max_new_tokens: int
+    top_k: int
+    mode: str
+    retrieval: str
+    placement: Placement
+    documents: list[str] | None
+    scope: str = DEFAULT_SCOPE
+    blend_given: bool = True  # False: the blend is the scope's default (`cagkit.ask.default_blend`)
 
 
 class ServerState:

@@ -27,7 +27,7 @@ from cagkit.config import (
     Placement,
 )
 from cagkit.errors import CagkitError, ModelError, StoreError, TranslatorError
-from cagkit.serve.engine import ContextTooLong
+from cagkit.serve.engine import ContextTooLong, Question
 from cagkit.serve.store import StoreMissing
 
 MAX_TOP_K = 64  # chunks one request may retrieve: more would only fill the model's context
@@ -150,25 +150,6 @@ def _check_length(text: str, what: str, param: str) -> None:
     if len(text) > MAX_QUESTION_CHARS:
         raise ApiError(400, f"the {what} is {len(text):,} characters, over the {MAX_QUESTION_CHARS:,} this server "
                             f"reads; shorten it to what the model's context holds", "context_length_exceeded", param)
-
-
-@dataclass
-class Question:
-    """What a completion request asks: the model, the question and how to answer it."""
-
-    kind: str  # "chat" or "text"
-    model: str
-    question: str
-    stream: bool
-    include_usage: bool
-    max_new_tokens: int
-    top_k: int
-    mode: str
-    retrieval: str
-    placement: Placement
-    documents: list[str] | None
-    scope: str = DEFAULT_SCOPE
-    blend_given: bool = True  # False: the blend is the scope's default (`cagkit.ask.default_blend`)
 
 
 def parse_question(body: dict, kind: str, served: tuple[str, ...]) -> Question:
