@@ -30,6 +30,7 @@ import numpy as np
 
 from cagkit.config import RETRIEVAL_MODES
 from cagkit.evaluation.datasets import load_examples
+from cagkit.bench import write_results
 from cagkit.ingest.chunking import chunk_text
 from cagkit.models.loading import load_model
 from cagkit.retrieval.embeddings import embed
@@ -92,10 +93,7 @@ def main() -> int:
                          "hit_rate": float(np.mean(hits[mode])),
                          "context_tokens_mean": float(np.mean(context_tokens[mode])), "chunks": len(texts)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"data": args.data, "budget": args.budget, "rows": rows,
-                               "command": "python benchmarks/chunking.py " + " ".join(sys.argv[1:])}, indent=2))
+    write_results(args.out, {"data": args.data, "budget": args.budget, "rows": rows})
     print("| chunk tokens | top-k | retrieval | questions | mean context tokens | answer in retrieved context |")
     print("|---:|---:|---|---:|---:|---:|")
     for r in rows:

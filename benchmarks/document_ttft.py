@@ -55,7 +55,6 @@ import argparse
 import bisect
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -63,6 +62,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from cagkit.bench import command_line, write_results
 
 QUESTION = "Who is the eminent criminologist whose consulting-rooms lay along the sea-front at Scarborough?"
 METHODS = ("native", "stored", "select", "torch_save")
@@ -108,8 +109,6 @@ def main() -> int:
 
 
 def run(args, sizes: list[int], out: Path) -> dict:
-    import transformers
-
     from cagkit.cli import _keep_freed_memory
     from cagkit.models.loading import load_model
 
@@ -122,9 +121,7 @@ def run(args, sizes: list[int], out: Path) -> dict:
     settings = {
         "target": args.target, "book": args.book, "question": QUESTION, "repeats": args.repeats, "top_k": TOP_K,
         "store": str(store_dir), "threads": torch.get_num_threads(), "device": str(lm.device),
-        "torch": torch.__version__, "transformers": transformers.__version__, "cpus": os.cpu_count(),
-        "machine": platform.machine(), "python": platform.python_version(),
-        "command": "python benchmarks/document_ttft.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
     }
     result = {"settings": settings, "rows": []}
     if out.exists():
@@ -141,10 +138,7 @@ def run(args, sizes: list[int], out: Path) -> dict:
         settings["complete"] = done
         settings["wall_s"] = round(time.time() - started, 1)
         result["rows"].sort(key=lambda r: r["size"])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(out)
+        write_results(out, result, device=lm.device)  # with the machine: cpus, torch, transformers
 
     text = book.read_text(encoding="utf-8")
     for size in sizes:

@@ -42,6 +42,7 @@ import torch
 
 from cagkit.ask import answer_from_chunks
 from cagkit.config import Placement
+from cagkit.bench import command_line, write_results
 from cagkit.ingest.chunking import chunk_text
 from cagkit.ingest.pipeline import prefill_chunks
 from cagkit.kv.chunk import ChunkKV
@@ -159,21 +160,17 @@ def main() -> int:
                         help="folder of the translator cards whose configs --weights random builds from")
     parser.add_argument("--out", default="results/gpu.json")
     args = parser.parse_args()
-    import transformers
-
     device = resolve_device(args.device)
     sizes = [int(s) for s in args.sizes.split(",")]
     targets = args.targets.split(",")
-    result = {"settings": {**vars(args), "command": "python benchmarks/gpu.py " + " ".join(sys.argv[1:]),
-                           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                           "torch": torch.__version__, "transformers": transformers.__version__,
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result = {"settings": {**vars(args), "command": command_line(), "device_name": device_name,
                            "threads": torch.get_num_threads(), "started_at": time.strftime("%Y-%m-%d %H:%M")},
               "rows": []}
     out = Path(args.out)
 
     def save() -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        write_results(out, result, device=device_name)  # with the machine: cpus, torch, transformers
 
     if args.weights == "random":
         models = {m: random_model(m, device) for m in [args.source, *targets]}

@@ -18,7 +18,6 @@ its tokens by their layer-1 deviation (`--blend-select deviation`), not by the q
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from cagkit.config import TrainSettings
+from cagkit.bench import write_results
 from cagkit.models.loading import load_model
 from cagkit.translate.train.heldout import evaluate_translator
 from cagkit.translate.translator import read_translator, translator_path
@@ -62,10 +62,8 @@ def main() -> int:
                                    for c in columns}
             cells = " ".join(f"{part['recovery'][c]:>7.2f} / {part['kl_recovery'][c]:<5.2f}" for c in columns)
             print(f"{kind:<10} {task:<7} {cells}", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"source": args.source, "target": args.target, "examples": args.examples,
-                                          "ratios": ratios, "selection": "deviation", "results": results},
-                                         indent=1))
+    write_results(args.out, {"source": args.source, "target": args.target, "examples": args.examples,
+                             "ratios": ratios, "selection": "deviation", "results": results})
     return 0
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cagkit.config import AS_STORED, BLEND_SELECT
 from cagkit.evaluation.runner import run_eval
+from cagkit.bench import write_results
 from cagkit.models.loading import load_model
 
 SWEEPS = {  # option -> (results folder, run_eval keyword, axis label, file suffix, default plot)
@@ -96,7 +97,7 @@ def main() -> int:
                                                                   "ttft_ms_median": native["ttft_ms_median"],
                                                                   "n": native["n"]}, "rows": rows}
     summary["blend_select"] = args.blend_select if name == "blends" else None
-    (folder / f"{stem}-{'-'.join(kinds)}{select}.json").write_text(json.dumps(summary, indent=1))
+    write_results(folder / f"{stem}-{'-'.join(kinds)}{select}.json", summary)
     print(f"{args.target}, {native['n']} questions; native quality {base:.3f}, TTFT {native['ttft_ms_median']:.0f} ms")
     print(f"| kind | {keyword.replace('_', ' ')} | quality | / native | TTFT ms (median) | translate + recompute ms |")
     print("|---|---:|---:|---:|---:|---:|")

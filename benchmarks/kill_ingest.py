@@ -23,13 +23,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-CAGKIT = str(Path(sys.executable).with_name("cagkit"))  # the command beside this Python
+from cagkit.bench import cagkit_command, run_timed, write_results
+
 SENTENCE = ("The ferry to Orlimar leaves at {h} o'clock from pier {p}, and the lighthouse beside it flashes green "
             "every {s} seconds. ")
 
 
 def cagkit(*args: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([CAGKIT, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return run_timed([*cagkit_command(), *args], env=env, timeout=timeout)[0]
 
 
 def make_model(folder: Path) -> Path:
@@ -81,7 +82,7 @@ def main() -> int:
     kills, failures = [], []
     for n in range(args.kills):
         delay = rng.uniform(0.5, args.max_delay)
-        proc = subprocess.Popen([CAGKIT, *ingest], env=env,
+        proc = subprocess.Popen([*cagkit_command(), *ingest], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             proc.wait(timeout=delay)
@@ -124,9 +125,7 @@ def main() -> int:
     ok = (not failures and final.returncode == 0 and verify.returncode == 0 and summary["every_document_once"]
           and answer.returncode == 0)
     summary["ok"] = ok
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2))
+    out = write_results(args.out, summary)
     print(f"{len(kills)} kills, {len(failures)} failed verifies; final ingest exit {final.returncode}, verify exit "
           f"{verify.returncode}, every document once: {summary['every_document_once']}, ask exit {answer.returncode}"
           f" -> {out}")

@@ -13,7 +13,6 @@ held-out corpus files, 32 continuation tokens, recovery = share of the no-contex
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from cagkit.config import TrainSettings
+from cagkit.bench import write_results
 from cagkit.models.loading import load_model
 from cagkit.translate.train.heldout import evaluate_translator
 from cagkit.translate.translator import read_translator, translator_path
@@ -50,9 +50,8 @@ def main() -> int:
                          "recall": {c: scores["recall"]["recovery"][c] for c in COLUMNS}}
         for task, row in results[kind].items():
             print(f"{kind} {task}: " + ", ".join(f"{c} {row[c]:.2f}" for c in COLUMNS))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"source": args.source, "target": args.target, "examples": args.examples,
-                                          "loss_recovery": results}, indent=1))
+    write_results(args.out, {"source": args.source, "target": args.target, "examples": args.examples,
+                             "loss_recovery": results})
     return 0
 
 

@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from cagkit.store.store import Store
+from cagkit.bench import write_results
 from lab.synthetic import random_document, settings
 
 SETTINGS = settings("race", chunk_tokens=8)
@@ -70,7 +71,7 @@ def main() -> None:
                "table_versions": {str(k): v for k, v in sorted(versions.items())}}
     print(json.dumps(summary, indent=2))
     if args.out:
-        Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+        write_results(args.out, summary)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ native minus the KL recovery with every layer translated: what a perfect transla
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from cagkit.config import TrainSettings
+from cagkit.bench import write_results
 from cagkit.models.loading import load_model
 from cagkit.translate.train.heldout import evaluate_translator
 from cagkit.translate.translator import read_translator, translator_path
@@ -94,8 +94,7 @@ def main() -> int:
             if not name.startswith("only_") or "-" in name:
                 print(f"  {name}: {block['recovery'][name]:.2f} / {kl[name]:.2f}")
     out = Path(args.out or f"results/layer_damage-{args.source}-{args.target}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_results(out, result)
     print(f"wrote {out}")
     return 0
 

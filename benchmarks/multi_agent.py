@@ -180,7 +180,8 @@ def main() -> int:
 
     from cagkit.config import KV_DTYPES
     from cagkit.evaluation.datasets import detect_format, load_examples
-    from cagkit.evaluation.runner import documents_dir, example_hits, write_documents, write_json_atomic
+    from cagkit.evaluation.runner import documents_dir, example_hits, write_documents
+    from cagkit.bench import write_results
     from cagkit.ingest.pipeline import ingest
     from cagkit.models.loading import load_model
     from cagkit.store.store import Store
@@ -252,7 +253,7 @@ def main() -> int:
             results["questions"].append(record)
             results["summary"] = summarize(results)
             results["wall_s"] = time.perf_counter() - wall_start
-            write_json_atomic(out, results)
+            write_results(out, results)
             _log(f"[{number}/{len(examples)}] {example.id} ({record['seconds']:.0f} s, "
                  f"{sum(pool.calls.values())} scorings): " + " | ".join(
                      f"{s} N=1..{args.agents} " + "".join("+" if record["by_n"][s][str(n)]["correct"] else "-"
@@ -260,7 +261,7 @@ def main() -> int:
         results["summary"] = summarize(results)
         results["complete"] = {e.id for e in examples} <= {q["id"] for q in results["questions"]}
         results["wall_s"] = time.perf_counter() - wall_start
-        write_json_atomic(out, results)
+        write_results(out, results)
     write_plot(results, plot)
     _print_table(results)
     _log(f"wrote {out} and {plot}")
@@ -275,7 +276,8 @@ def _document_info(store, paths: list[str], pool: AgentPool) -> dict:
     docs = [store.document(p) for p in paths]
     return {
         "source_tokens": sum(d.n_tokens for d in docs),
-        "kv_file_bytes": sum((store.path / "kv" / d.kv_file).stat().st_size for d in docs),
+        # every KV file of a document: one written in parts (longer than a part's tokens) has one file per part
+        "kv_file_bytes": sum((store.path / "kv" / name).stat().st_size for d in docs for name in store.kv_files(d)),
         "native_tokens": {m: v["context_tokens"] for m, v in pool.doc["native"].items()},
         "cagkit_tokens": {m: v["context_tokens"] for m, v in pool.doc["cagkit"].items()},
     }

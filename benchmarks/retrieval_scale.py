@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import time
 import warnings
@@ -37,6 +35,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LANC
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+
+from cagkit.bench import machine, run_timed, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DIM = 384
@@ -166,7 +166,7 @@ def worker_lance(db_path: str, q_path: str, metric: str, settings: list) -> dict
 
 def run_worker(kind: str, *args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, json.dumps([str(a) if isinstance(a, Path) else a for a in args])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc, _ = run_timed(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         raise SystemExit(f"worker {kind} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -361,12 +361,10 @@ def main() -> None:
                          "latency": "wall time per query in a fresh reader process, after warm-up queries; lancedb "
                                     "includes building the query and converting the result to Arrow",
                          "rss": "VmRSS of that reader process after its queries"},
-            "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                        "numpy": np.__version__},
+            "machine": machine(numpy=np.__version__),
             "sizes": [results[k] for k in sorted(results)],
         }
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(doc, indent=1) + "\n")
+        write_results(out_path, doc)
         return doc
 
     doc = None

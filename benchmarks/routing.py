@@ -16,7 +16,6 @@ The passages, continuations and scoring are the translator cards' (`evaluate_tra
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from cagkit.config import TrainSettings
+from cagkit.bench import write_results
 from cagkit.models.loading import load_model
 from cagkit.translate.train.heldout import evaluate_translator
 from cagkit.translate.translator import read_translator, translator_path
@@ -67,8 +67,7 @@ def main() -> int:
             entropy = sum(r["entropy"] for r in results["router"]) / len(results["router"])
             print(f"router: mean entropy {entropy:.2f} of the uniform's, the busiest expert of any layer takes "
                   f"{busiest:.0%} of its assignments", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    write_results(args.out, results)
     return 0
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from cagkit.store.store import Store
+from cagkit.bench import write_results
 from lab.s3server import S3Server
 from lab.synthetic import random_document, settings
 
@@ -60,7 +61,7 @@ def main() -> None:
                "speedup": round(statistics.median(one_at_a_time) / statistics.median(together), 2)}
     print(json.dumps(summary, indent=2))
     if args.out:
-        Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+        write_results(args.out, summary)
 
 
 if __name__ == "__main__":

@@ -27,11 +27,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from cagkit.bench import command_line, run_timed, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ["Who is Father Brown?", "What does the priest carry?", "Where does the story take place?",
@@ -75,12 +75,11 @@ else:
 print(json.dumps({{"tokens": r.tokens, "chunks": r.chunks, "documents": len(r.added), "ingest_s": r.seconds,
                   "process_s": time.perf_counter() - t}}))
 """
-    started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    out, wall_s = run_timed([sys.executable, "-c", code], env=env)
     if out.returncode != 0:
         raise SystemExit(f"{kind} failed: {out.stderr[-2000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    result["wall_s"] = time.perf_counter() - started
+    result["wall_s"] = wall_s
     result["tokens_per_s_ingest"] = result["tokens"] / result["ingest_s"]
     result["tokens_per_s_wall"] = result["tokens"] / result["wall_s"]
     print(kind, json.dumps(result), file=sys.stderr, flush=True)
@@ -126,9 +125,9 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     try:
         tokens = make_documents(work / "docs", args.tokens, args.source)
-        command = "python benchmarks/scale.py " + " ".join(sys.argv[1:])
+        command = command_line()
         result = {"command": command, "source": args.source, "target": args.target, "document_tokens": tokens,
-                  "cpus": os.cpu_count(), "load_average_start": os.getloadavg(), "ingest": {}}
+                  "load_average_start": os.getloadavg(), "ingest": {}}
         bucket = server.bucket_url("scale")
         for kind in "local-sqlite,local-lance".split(",") if args.ask_only else args.runs.split(","):
             store = f"{bucket}/{kind}" if kind.endswith("-s3") else str(work / kind)
@@ -159,7 +158,7 @@ def main() -> int:
             result["ask"] = previous.get("ask")
     for part in [*result["ingest"].values(), result.get("ask") or {}]:
         part.setdefault("command", command)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(out, result)
     print(json.dumps(result, indent=2))
     return 0
 

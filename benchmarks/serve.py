@@ -26,17 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import socket
 import statistics
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
+
+from cagkit.bench import ServerFailed, ServerProcess, Timer, cagkit_command, summary, write_results
 
 QUESTIONS = (
     "How does cagkit make a stored chunk usable at any position in the prompt?",
@@ -50,23 +47,12 @@ QUESTIONS = (
 )
 
 
-def _cagkit() -> list[str]:
-    """The `cagkit` command of this interpreter's environment."""
-    return [sys.executable, "-c", "import sys; from cagkit.cli import main; sys.exit(main())"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def fresh_ask(args, env) -> dict:
     """Wall seconds from starting `cagkit ask` to the first byte of its answer, and to its exit."""
     first, total = [], []
     for i in range(args.repeats):
         question = QUESTIONS[i % len(QUESTIONS)]
-        cmd = [*_cagkit(), "ask", question, "--store", args.store, "--model", args.model, "--max-new-tokens",
+        cmd = [*cagkit_command(), "ask", question, "--store", args.store, "--model", args.model, "--max-new-tokens",
                str(args.max_tokens), "--threads", str(args.threads)]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
@@ -78,37 +64,7 @@ def fresh_ask(args, env) -> dict:
             raise SystemExit(f"cagkit ask failed ({proc.returncode}): {err.decode()[-2000:]}")
         first.append(got - start)
         total.append(end - start)
-    return {"first_token_s": _summary(first), "process_s": _summary(total)}
-
-
-class ServerProcess:
-    def __init__(self, args, env):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [*_cagkit(), "serve", "--store", args.store, "--models", args.model, "--port", str(self.port),
-               "--max-loaded", "1", "--threads", str(args.threads)]
-        self.log = open(Path(tempfile.gettempdir()) / f"cagkit-serve-bench-{self.port}.log", "w")
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-
-    def wait(self, httpx) -> float:
-        """Seconds from starting the process until /health answers (imports, model and embedder loaded)."""
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"cagkit serve exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return time.perf_counter() - self.started
-            except httpx.TransportError:
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+    return {"first_token_s": summary(first), "process_s": summary(total)}
 
 
 def warm_first_token(httpx, url: str, args) -> dict:
@@ -133,7 +89,7 @@ def warm_first_token(httpx, url: str, args) -> dict:
         if got is None:
             raise SystemExit("the server streamed no answer text; is the store empty?")
         first.append(got - start)
-    return {"first_token_s": _summary(first), "server_ttft_s": _summary(server_ttft)}
+    return {"first_token_s": summary(first), "server_ttft_s": summary(server_ttft)}
 
 
 def load(httpx, url: str, args, clients: int) -> dict:
@@ -154,10 +110,9 @@ def load(httpx, url: str, args, clients: int) -> dict:
                 latencies.append(took)
                 tokens.append(response.json()["usage"]["completion_tokens"])
 
-    start = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
+    with Timer() as timer, ThreadPoolExecutor(clients) as pool:
         list(pool.map(one, range(args.requests)))
-    wall = time.perf_counter() - start
+    wall = timer.seconds
     if errors:
         raise SystemExit(f"{len(errors)} requests failed at concurrency {clients}: {errors[0]}")
     ordered = sorted(latencies)
@@ -166,11 +121,6 @@ def load(httpx, url: str, args, clients: int) -> dict:
             "latency_p50_s": round(statistics.median(ordered), 3),
             "latency_p95_s": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3),
             "answer_tokens_per_s": round(sum(tokens) / wall, 2)}
-
-
-def _summary(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "runs": [round(v, 3) for v in values]}
 
 
 def main() -> None:
@@ -190,25 +140,24 @@ def main() -> None:
         raise SystemExit("the benchmark needs httpx: pip install 'cagkit[dev]'") from None
     if not (Path(args.store) / "manifest.sqlite").exists():
         raise SystemExit(f"no store at {args.store}; make one with `cagkit ingest examples/docs --store {args.store}`")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     levels = [int(c) for c in args.concurrency.split(",")]
 
-    results = {
-        "benchmark": "benchmarks/serve.py",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    # other work on the machine slows every figure alike; the 1-minute load average says how busy
-                    "load_average_at_start": round(os.getloadavg()[0], 2)},
+    results = {"benchmark": "benchmarks/serve.py"}
+    write_results(args.out, results, device="cpu")  # the command, the date and the machine, as the run starts
+    results |= {
         "settings": {"model": args.model, "store": args.store, "threads": args.threads, "repeats": args.repeats,
                      "requests": args.requests, "max_tokens": args.max_tokens, "concurrency": levels},
     }
     print(f"cagkit ask in a fresh process, {args.repeats} runs ...", flush=True)
     results["fresh_ask"] = fresh_ask(args, env)
-    server = ServerProcess(args, env)
+    server = ServerProcess("--store", args.store, "--models", args.model, "--max-loaded", "1", "--threads",
+                           str(args.threads), env=env, log_prefix="cagkit-serve-bench")
     try:
-        results["server_startup_s"] = round(server.wait(httpx), 3)
+        try:
+            results["server_startup_s"] = round(server.wait(), 3)
+        except ServerFailed as exc:
+            raise SystemExit(str(exc)) from None
         print(f"server up in {results['server_startup_s']:.1f} s; warm first token, {args.repeats} runs ...",
               flush=True)
         results["warm_server"] = warm_first_token(httpx, server.url, args)
@@ -219,7 +168,7 @@ def main() -> None:
     finally:
         server.stop()
     results["machine"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
 
     fresh, warm = results["fresh_ask"], results["warm_server"]
     print(f"\n{args.model}, {args.threads} thread(s), answers up to {args.max_tokens} tokens; medians of "

@@ -63,6 +63,7 @@ from cagkit.ask import answer_from_chunks
 from cagkit.config import BLEND_SELECT, Placement
 from cagkit.errors import CagkitError
 from cagkit.generation import prompt_parts
+from cagkit.bench import command_line, write_results
 from cagkit.ingest.pipeline import ingest
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.place import place_chunks
@@ -124,15 +125,13 @@ def main() -> int:
     rows, quality = [], []
     meta = {"source": args.source, "book": args.book, "threads": torch.get_num_threads(), "question": QUESTION,
             "continuation_tokens": args.continuation_tokens, "points": args.points, **placement.settings(),
-            "command": "python benchmarks/ttft.py " + " ".join(sys.argv[1:]),
-            "started_at": time.strftime("%Y-%m-%d %H:%M")}
+            "command": command_line(), "started_at": time.strftime("%Y-%m-%d %H:%M")}
     result = {"settings": meta, "rows": rows, "quality": quality}
 
     def save(done: bool = False) -> None:  # after every measurement, so a stopped run keeps what it measured
         meta["complete"] = done
         meta["wall_s"] = round(time.time() - started, 1)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        write_results(out, result)
 
     with Store.open(store_dir) as store:
         chunks = [store.load_chunk(i) for i in store.chunk_ids(str(excerpt.resolve()))]

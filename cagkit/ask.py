@@ -44,6 +44,7 @@ from cagkit.kv.selection import question_order
 from cagkit.kv.warm import WarmCaches, WarmContext, cache_bytes
 from cagkit.models.device import synchronize
 from cagkit.models.loading import LoadedModel, load_model
+from cagkit.retrieval.embeddings import embed_query
 from cagkit.retrieval.rank import check_retrieval
 from cagkit.retrieval.search import retrieve
 from cagkit.store.store import ChunkGoneError, DamagedChunkError, Hit, Store, StoredChunk
@@ -145,15 +146,18 @@ def ask(
         loading = time.perf_counter()
         lm = load_model(model, device)
         model_ms = (time.perf_counter() - loading) * 1e3
-        room = context_room(lm, *prompt_parts(lm, question), max_new_tokens)  # the question itself must fit
+        prompt = prompt_parts(lm, question)  # tokenised once, for the room here and the answer
+        room = context_room(lm, *prompt, max_new_tokens)  # the question itself must fit
         mode = resolve_mode(mode, lm, opened)
         t0 = time.perf_counter()
-        hits = retrieve(opened, question, top_k, retrieval)
+        vector = embed_query(question)  # embedded once, for retrieval and the sentences chosen by the question
+        hits = retrieve(opened, question, top_k, retrieval, vector=vector)
         placed, used, left_out = choose_scope(opened, hits, scope, room, mode)
         t1 = time.perf_counter()
         placement = Placement(recompute_layers, default_blend(mode, used) if blend is None else blend, blend_select)
         answer = answer_from_chunks(lm, opened, placed, question, mode, max_new_tokens, on_text, started=t0,
-                                    retrieved=t1, placement=placement, scope=used, sources=hits)
+                                    retrieved=t1, placement=placement, scope=used, sources=hits, prompt=prompt,
+                                    vector=vector)
         answer.retrieval = retrieval
         answer.timings["model_ms"] = model_ms
         answer.skipped = left_out + answer.skipped
@@ -241,17 +245,21 @@ def answer_from_chunks(
     placement: Placement = Placement(),
     scope: str = "chunks",
     sources: list[Hit] | None = None,
+    prompt: tuple[list[int], list[int]] | None = None,
+    vector=None,
     warm: WarmCaches | None = None,
 ) -> Answer:
     """Answer `question` with `lm` from the given chunks (the part of `ask` after retrieval and `choose_scope`).
 
     The chunks are placed in document order, whatever their scores, so text that belongs together reads in order.
-    `sources`: the retrieved chunks to name as the answer's sources (default: `hits`). `warm`: contexts kept
-    from earlier questions (`build_context_cache`).
+    `sources`: the retrieved chunks to name as the answer's sources (default: `hits`). `prompt` (the question's
+    `prompt_parts`) and `vector` (its embedding): where the caller made them already, so they are not made again.
+    `warm`: contexts kept from earlier questions (`build_context_cache`).
     """
     started = started or time.perf_counter()
     retrieved = retrieved or started
-    context = build_context_cache(lm, store, hits, question, mode, placement, scope, warm, focus=sources or hits)
+    context = build_context_cache(lm, store, hits, question, mode, placement, scope, prompt, vector, warm=warm,
+                                  focus=sources or hits)
     gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text)
     end = time.perf_counter()
     decoded = max(len(gen.token_ids) - 1, 0)
@@ -298,6 +306,7 @@ class ContextCache:
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
                         placement: Placement = Placement(), scope: str = "chunks",
+                        prompt: tuple[list[int], list[int]] | None = None, vector=None,
                         warm: WarmCaches | None = None, focus: list[Hit] | None = None) -> ContextCache:
     """Bring the chunks of `hits` into `lm`'s cache for `question`, stopping before the question is prefilled.
 
@@ -306,7 +315,8 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     leaves the cache empty and the whole prompt pending, as a target without cagkit would read it. Otherwise the
     steps are: load the chunks, their KV from the source (`translate_s` starts), the repair (`repair_s`: the
     target's recomputed bottom layers, then `placement.blend`), and the placing; `ask` prints the two parts of
-    `translate_s` as "translate" and "repair". With `warm`, a context placed with blend 0 is kept there and
+    `translate_s` as "translate" and "repair". `prompt` and `vector` as for
+    `answer_from_chunks`. With `warm`, a context placed with blend 0 is kept there and
     a later question on the same chunks starts from a copy of it (`cagkit.kv.warm`): nothing is read or placed.
     Mode `focus` places the stored KV as `stored` does, then leaves to be prefilled with the question the sentences
     `select` would read from the retrieved chunks `focus` (default `hits`): the target re-reads them right before
@@ -314,10 +324,10 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     """
     placement.check(lm)
     source = context_source(resolve_mode(mode, lm, store), lm, store, placement, scope)
-    prefix_ids, suffix_ids = prompt_parts(lm, question)
+    prefix_ids, suffix_ids = prompt if prompt is not None else prompt_parts(lm, question)
     placed = sorted(hits, key=lambda h: (h.doc_path, h.idx))
     if isinstance(source, PromptSource):
-        context_ids = source.context_ids(lm, placed, question)
+        context_ids = source.context_ids(lm, placed, question, vector)
         loaded_at = time.perf_counter()
         return ContextCache(prefix_cache(lm.model, []), prefix_ids + context_ids + suffix_ids, len(context_ids),
                             loaded_at, 0.0, source.mode, placement=source.settings(placement), reads_kv=False)
@@ -325,7 +335,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     if mode == "focus":
         started = time.perf_counter()
         chosen = sorted(focus or hits, key=lambda h: (h.doc_path, h.idx))
-        reread = SelectedSentences(Placement()).context_ids(lm, chosen, question)
+        reread = SelectedSentences(Placement()).context_ids(lm, chosen, question, vector)
         if reread:
             reread = lm.tokenizer(CHUNK_SEPARATOR, add_special_tokens=False)["input_ids"] + reread
         suffix_ids = reread + suffix_ids
@@ -348,7 +358,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     tables = RotaryTables(lm.model)
     synchronize(lm.device)
     translated_at = time.perf_counter()
-    kvs = repair(lm, source, chunks, kvs, ids, prefix_ids, question, placement, tables)
+    kvs = repair(lm, source, chunks, kvs, ids, prefix_ids, question, placement, tables, vector)
     synchronize(lm.device)
     repaired_at = time.perf_counter()
     cache = place(lm, prefix_ids, kvs, tables)
@@ -393,7 +403,7 @@ def load_chunks(store: Store, hits: list[Hit]) -> tuple[list[StoredChunk], list[
 
 def repair(lm: LoadedModel, source: PlacedSource, chunks: list[StoredChunk], kvs: list[ChunkKV],
            ids: list[list[int]], prefix_ids: list[int], question: str, placement: Placement,
-           tables: RotaryTables) -> list[ChunkKV]:
+           tables: RotaryTables, vector=None) -> list[ChunkKV]:
     """`kvs` (per chunk [L, T, H, D], `ids` its token ids) after the target's own work on them: the layers the
     source leaves to it over each chunk alone (`PlacedSource.recompute`), then the cross-chunk blend of a share
     `placement.blend` of the tokens, chosen by the question's sentences or by deviation."""
@@ -403,7 +413,8 @@ def repair(lm: LoadedModel, source: PlacedSource, chunks: list[StoredChunk], kvs
     priority = None
     if placement.blend_select == "question":
         offsets = [_token_offsets(lm, c, chunk_ids) for c, chunk_ids in zip(chunks, ids)]
-        priority = question_order(question, [c.text for c in chunks], offsets, [c.sentences for c in chunks])
+        priority = question_order(question, [c.text for c in chunks], offsets, [c.sentences for c in chunks],
+                                  vector)
     return blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
 
 

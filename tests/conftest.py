@@ -100,3 +100,28 @@ def s3(tmp_path_factory, monkeypatch_session):
 def monkeypatch_session():
     with pytest.MonkeyPatch.context() as mp:
         yield mp
+
+
+# Two short documents (`docs`), ingested by the tiny Llama in 32-token chunks (`ingest_docs`): the store tests'
+# common ground, in tests/ingest and tests/store alike.
+LIGHTHOUSE = ("The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison.\n\n"
+              "It is 41 metres tall, and its light can be seen from thirty kilometres away on a clear night.")
+BAKERY = ("The bakery on Mill Street sells rye bread every Tuesday and Friday morning.\n\n"
+          "Its oven was brought from Vienna in 1923 by the founder's grandson, a baker named Josef Weber.")
+
+
+@pytest.fixture
+def docs(tmp_path):
+    """A folder of two documents: lighthouse.md and bakery.txt."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "lighthouse.md").write_text(LIGHTHOUSE)
+    (folder / "bakery.txt").write_text(BAKERY)
+    return folder
+
+
+def ingest_docs(docs, store, **kw):
+    """`ingest` of the folder `docs` into `store` by the tiny Llama (the `tiny_llama` fixture), 32-token chunks."""
+    from cagkit.ingest.pipeline import ingest
+
+    return ingest([docs], store=store, source="tiny-llama", chunk_tokens=32, progress=False, **kw)

@@ -3,9 +3,9 @@
     driver        opens the store (its settings, what it already holds), lists the files
     Ray Data      reads each file and hashes its text (tasks); unchanged documents stop here, and what became of
                   every file (new, unchanged, unreadable) is known before any prefill starts
-    actor pool    each actor loads the source model and the embedder once, reads a new document (its hash is
-                  taken again from the text it reads, so the stored hash is always that of the stored
-                  text), chunks it, and for each part
+    actor pool    each actor loads the source model and the embedder once, takes a new document's text as the
+                  read found it (a file is read once; the stored hash is that of the stored text), chunks it
+                  (tokenising each chunk once), and for each part
                   of `PART_TOKENS` tokens writes its KV file to the store (named by content, so a part written by
                   an earlier, interrupted run is found and not prefilled again) and returns the part's rows.
                   With `prefill="document"` (the default, as for `ingest`) one actor reads a whole document, its
@@ -108,9 +108,10 @@ def ingest_ray(
                 data_context.enable_progress_bars = progress
                 data_context.print_on_execution_start = progress
                 read = ray.data.from_items([{"path": f} for f in files], override_num_blocks=min(len(files), 64))
-                # one small row per file, kept: the statuses are read from it, and the prefill only reads the new
+                # one row per file, kept: the statuses are read from it, and the prefill takes the new documents'
+                # text from it (only theirs is kept), so no file is read twice
                 checked = read.map(_check, fn_kwargs={"unchanged": unchanged}, num_cpus=0.25).materialize()
-                statuses = checked.take_all()
+                statuses = checked.select_columns(["path", "status", "reason"]).take_all()
                 if any(row["status"] == "new" for row in statuses):
                     rows = checked.filter(expr=col("status") == "new").map_batches(
                         _Prefiller, fn_constructor_kwargs={"store": str(st.path), "source": source,
@@ -135,7 +136,7 @@ def ingest_ray(
                 report.chunks += chunks
                 report.tokens += tokens
             stored = {path for path, _, _ in committed}
-            for row in statuses:  # checked as new, but the actor found it unreadable (its warning stays in Ray's log)
+            for row in statuses:  # checked as new, but no rows came back for it (its warning stays in Ray's log)
                 if row["status"] == "new" and row["path"] not in stored:
                     reason = (f"{row['path']}: could not be read when its prefill began (changed or removed since it "
                               f"was checked); run the ingest again")
@@ -163,13 +164,15 @@ def _gpus_per_actor(ray) -> float:
 
 def _check(row: dict, unchanged: dict[str, str]) -> dict:
     """What becomes of a file: `status` `unchanged` (its text hashes as stored), `failed` (with the reason) or
-    `new`. The text is not kept: the actor that prefills a new document reads it again."""
+    `new`. A new document keeps its `text`, which the actor that prefills it takes: the file is read once."""
     path = row["path"]
     try:
-        sha = _sha(read_document(Path(path)))
+        text = read_document(Path(path))
     except DocumentError as exc:
-        return {"path": path, "status": "failed", "reason": str(exc)}
-    return {"path": path, "status": "unchanged" if unchanged.get(path) == sha else "new", "reason": ""}
+        return {"path": path, "status": "failed", "reason": str(exc), "text": ""}
+    if unchanged.get(path) == _sha(text):
+        return {"path": path, "status": "unchanged", "reason": "", "text": ""}
+    return {"path": path, "status": "new", "reason": "", "text": text}
 
 
 def _sha(text: str) -> str:
@@ -202,12 +205,7 @@ class _Prefiller:
         from cagkit.store import lance
 
         out = []
-        for path in batch.column("path").to_pylist():
-            try:
-                text = read_document(Path(path))
-            except DocumentError as exc:  # gone or changed into something unreadable since it was checked
-                warnings.warn(str(exc), SkippedDocumentWarning, stacklevel=2)
-                continue
+        for path, text in self._texts(batch):
             sha = _sha(text)
             chunks = chunk_text(text, self.lm.count_tokens, self.settings.chunk_tokens,
                                 token_ends=_token_ends(self.lm))
@@ -219,14 +217,30 @@ class _Prefiller:
             out += lance.document_rows(path, sha, None, writer.rows, writer.prefill, writer.window)
         return pa.Table.from_pylist(out, schema=lance.staging_schema())
 
+    @staticmethod
+    def _texts(batch):
+        """(path, text) of each document of `batch`: the text `_check` read, or, in a batch of paths alone, the
+        file read now (a file gone or unreadable since is left out with a warning)."""
+        paths = batch.column("path").to_pylist()
+        texts = batch.column("text").to_pylist() if "text" in batch.column_names else [None] * len(paths)
+        for path, text in zip(paths, texts):
+            if text is None:
+                try:
+                    text = read_document(Path(path))
+                except DocumentError as exc:
+                    warnings.warn(str(exc), SkippedDocumentWarning, stacklevel=2)
+                    continue
+            yield path, text
+
     def _read_alone(self, writer, chunks) -> None:
-        """Each chunk prefilled alone (`prefill="chunks"`), a part at a time."""
+        """Each chunk prefilled alone (`prefill="chunks"`), a part at a time; each chunk tokenised once."""
         from cagkit.retrieval.embeddings import embed_with_sentences
 
-        counts = [self.lm.count_tokens(c.text) for c in chunks]
-        for part, _ in _parts(chunks, counts, PART_TOKENS):
+        encoded = [self.lm.tokenizer(c.text, add_special_tokens=False, return_offsets_mapping=True) for c in chunks]
+        done = 0
+        for part, _ in _parts(chunks, [len(e["input_ids"]) for e in encoded], PART_TOKENS):
+            ids, done = encoded[done:done + len(part)], done + len(part)
             vectors, sentences = embed_with_sentences([c.text for c in part])
-            ids = [self.lm.tokenizer(c.text, add_special_tokens=False, return_offsets_mapping=True) for c in part]
             stored = writer.stored([e["input_ids"] for e in ids])
             if stored is not None:  # written by an earlier run that did not commit: no prefill
                 new = [NewChunk(c.text, c.char_start, c.char_end, e["input_ids"],
@@ -234,7 +248,7 @@ class _Prefiller:
                        for c, e, s in zip(part, ids, sentences)]
                 writer.add_stored(new, vectors, stored)
                 continue
-            new = prefill_chunks(self.lm, self.tables, part)
+            new = prefill_chunks(self.lm, self.tables, part, encoded=ids)
             for chunk, kept in zip(new, sentences):
                 chunk.sentences = kept
             writer.add(new, vectors)

@@ -396,11 +396,13 @@ def _parts(chunks: list[Chunk], counts: list[int], budget: int) -> Iterable[tupl
 GPU_BATCH_TOKENS = 16384
 
 
-def prefill_chunks(lm, tables, chunks, batch_tokens: int | None = None) -> list[NewChunk]:
+def prefill_chunks(lm, tables, chunks, batch_tokens: int | None = None, encoded: list | None = None) -> list[NewChunk]:
     """Tokenise and prefill `chunks` (from `chunk_text`) with the source model, up to `batch_tokens` tokens in one
-    forward pass (default: `GPU_BATCH_TOKENS` on a GPU, 0 = one chunk at a time on the CPU)."""
+    forward pass (default: `GPU_BATCH_TOKENS` on a GPU, 0 = one chunk at a time on the CPU). `encoded`: the
+    chunks' tokenizer outputs (ids and offsets), where the caller has them already."""
     chunks = list(chunks)
-    encoded = [lm.tokenizer(c.text, add_special_tokens=False, return_offsets_mapping=True) for c in chunks]
+    if encoded is None:
+        encoded = [lm.tokenizer(c.text, add_special_tokens=False, return_offsets_mapping=True) for c in chunks]
     budget = batch_tokens if batch_tokens is not None else GPU_BATCH_TOKENS if lm.device.type == "cuda" else 0
     kvs, batch = [], []
     for enc in encoded + [None]:  # None flushes the last batch

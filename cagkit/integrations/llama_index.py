@@ -300,12 +300,13 @@ class CAGQueryEngine(BaseQueryEngine):
         # Opened here, in the thread that generates, for the same sqlite3 reason as in CAGRetriever.
         with Store.open(self.store_path) as store:
             mode = resolve_mode(self.mode, self.lm, store)
-            room = context_room(self.lm, *prompt_parts(self.lm, question), self.max_new_tokens)
+            prompt = prompt_parts(self.lm, question)
+            room = context_room(self.lm, *prompt, self.max_new_tokens)
             placed, scope, left_out = choose_scope(store, hits, self.scope, room, mode)
             placement = self.placement or replace(Placement(), blend=default_blend(mode, scope))
             answer = answer_from_chunks(
                 self.lm, store, placed, question, mode, self.max_new_tokens, on_text, started, retrieved,
-                placement=placement, scope=scope, sources=hits,
+                placement=placement, scope=scope, sources=hits, prompt=prompt,
             )
             answer.skipped = left_out + answer.skipped
             return answer

@@ -106,8 +106,9 @@ class ChunkAlonePrefill(PlacedSource):
 class PromptSource(ContextSource):
     """Context the target prefills itself, as text, in one pass with the question: nothing is read from the store."""
 
-    def context_ids(self, lm: LoadedModel, hits: list[Hit], question: str) -> list[int]:
-        """The token ids, in `lm`'s vocabulary, of the context of `hits` (in the order given) for `question`."""
+    def context_ids(self, lm: LoadedModel, hits: list[Hit], question: str, vector=None) -> list[int]:
+        """The token ids, in `lm`'s vocabulary, of the context of `hits` (in the order given) for `question`
+        (`vector`: its embedding, where the caller has it)."""
         raise NotImplementedError
 
 
@@ -125,7 +126,7 @@ class NativePrefill(PromptSource):
     def settings(self, placement):
         return {}  # a native prefill places nothing
 
-    def context_ids(self, lm, hits, question):
+    def context_ids(self, lm, hits, question, vector=None):
         if self.store is not None and lm.fingerprint == self.store.settings.source_fingerprint:
             separator = lm.tokenizer(CHUNK_SEPARATOR, add_special_tokens=False)["input_ids"]
             ids, previous = [], None
@@ -162,9 +163,9 @@ class SelectedSentences(PromptSource):
     def settings(self, placement):
         return {"blend": self.ratio, "blend_select": "question"}  # all that shaped the selection
 
-    def context_ids(self, lm, hits, question):
+    def context_ids(self, lm, hits, question, vector=None):
         texts = [h.text for h in hits]
-        kept = selected_sentences(lm.tokenizer, texts, question, self.ratio)
+        kept = selected_sentences(lm.tokenizer, texts, question, self.ratio, vector)
         text = CHUNK_SEPARATOR.join(" ".join(t[a:b] for a, b in spans) for t, spans in zip(texts, kept) if spans)
         return lm.tokenizer(text, add_special_tokens=False)["input_ids"]
 

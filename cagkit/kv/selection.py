@@ -58,14 +58,21 @@ def question_priority(question_vector, sentences: list[tuple], offsets: list[tor
 
 
 def question_order(question: str, texts: list[str], offsets: list[torch.Tensor],
-                   stored: list[tuple | None] | None = None) -> torch.Tensor:
+                   stored: list[tuple | None] | None = None, vector=None) -> torch.Tensor:
     """`question_priority` [total tokens] of the chunks `texts` for `question`; `offsets` as there, `stored` as for
-    `chunk_sentences`."""
-    return question_priority(embed_query(question), chunk_sentences(texts, stored), offsets)
+    `chunk_sentences`; `vector`: the question's embedding where the caller has it (retrieval made it), else
+    embedded here."""
+    return question_priority(_vector(question, vector), chunk_sentences(texts, stored), offsets)
 
 
-def selected_sentences(tokenizer, texts: list[str], question: str, ratio: float) -> list[list[tuple[int, int]]]:
-    """Per chunk of `texts`, the char spans of the sentences `select` gives the target, in document order.
+def _vector(question: str, vector):
+    return embed_query(question) if vector is None else vector
+
+
+def selected_sentences(tokenizer, texts: list[str], question: str, ratio: float,
+                       vector=None) -> list[list[tuple[int, int]]]:
+    """Per chunk of `texts`, the char spans of the sentences `select` gives the target, in document order
+    (`vector`: the question's embedding, as for `question_order`).
 
     The rule: the chunks are tokenised alone by the target's `tokenizer` (T tokens in all, as the repair counts
     them), the `budget(ratio, T)` tokens first in `question_order` are chosen, and every sentence holding a chosen
@@ -77,7 +84,7 @@ def selected_sentences(tokenizer, texts: list[str], question: str, ratio: float)
                             dtype=torch.long).reshape(-1, 2) for t in texts]  # [T, 2] per chunk
     sentences = chunk_sentences(texts)
     chosen = torch.zeros(sum(len(o) for o in offsets), dtype=torch.bool)
-    chosen[top_tokens(question_priority(embed_query(question), sentences, offsets), ratio)] = True
+    chosen[top_tokens(question_priority(_vector(question, vector), sentences, offsets), ratio)] = True
     out = []
     for (spans, _), token_spans, picked in zip(sentences, offsets, chosen.split([len(o) for o in offsets])):
         held = token_sentences(spans, token_spans)[picked]

@@ -147,7 +147,7 @@ def convert(alias: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cagkit.models.loading import fingerprint
+    from cagkit.models.identity import fingerprint
 
     spec = KNOWN_MODELS[alias]
     final = converted_dir(alias)

@@ -10,9 +10,12 @@ from cagkit.store.store import Hit, Store
 
 
 def retrieve(store: Store, question: str, top_k: int, retrieval: str = DEFAULT_RETRIEVAL,
-             documents: list[str] | None = None) -> list[Hit]:
+             documents: list[str] | None = None, vector=None) -> list[Hit]:
     """The `top_k` chunks of `store` (of its `documents` only, when given) best for `question`, best first,
-    ranked by `retrieval`: `hybrid` (embedding and BM25 rankings fused), `dense` or `lexical`."""
+    ranked by `retrieval`: `hybrid` (embedding and BM25 rankings fused), `dense` or `lexical`. `vector`: the
+    question's embedding (`embed_query`), where the caller has it already."""
     if top_k < 1:
         raise CagkitError(f"--top-k must be at least 1, got {top_k}")
-    return store.search(embed_query(question), top_k, text=question, retrieval=retrieval, documents=documents)
+    if vector is None:
+        vector = embed_query(question)
+    return store.search(vector, top_k, text=question, retrieval=retrieval, documents=documents)

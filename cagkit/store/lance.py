@@ -49,6 +49,7 @@ Needs the `scale` extra: `pip install 'cagkit[scale]'`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -270,6 +271,23 @@ _DOC_COLUMNS = ["doc_path", "doc_sha", "doc_metadata", "doc_chunks", "doc_tokens
 _ADDED = ("doc_prefill", "doc_window")  # `_added_columns`: a table written before lacks them
 
 
+def _one_version(method):
+    """A read of several queries that all see one version of the manifest, checked out once (at the first query)
+    rather than before each; a read inside another keeps the outer one's version."""
+
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        if self._in_read:
+            return method(self, *args, **kwargs)
+        self._in_read = True
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._in_read = self._version_held = False
+
+    return read
+
+
 class LanceStore(Store):
     """A store on LanceDB (see the module's docstring). Open with `Store.open` / `Store.open_for_writing`."""
 
@@ -284,6 +302,7 @@ class LanceStore(Store):
         self.upgraded: list[str] = []  # documents whose KV files an upgrade rewrote: none (`_upgrade` adds columns)
         self.removed: list[str] = []
         self._db = None
+        self._in_read = self._version_held = False  # `_one_version`
 
     # -- opening -------------------------------------------------------------------------------------------
 
@@ -384,7 +403,10 @@ class LanceStore(Store):
             raise self._loc.error(exc, "read") from None
 
     def _fresh(self):
-        """The table at its latest version: a reader sees what other processes committed since it opened."""
+        """The table at its latest version: a reader sees what other processes committed since it opened. Once
+        per read: within a `_one_version` read, the version its first query checked out."""
+        if self._version_held:
+            return self._table
         if self._table is None:
             self._table = _open_table(self._loc)
         else:
@@ -392,6 +414,7 @@ class LanceStore(Store):
                 self._table.checkout_latest()
             except Exception as exc:  # noqa: BLE001
                 raise self._loc.error(exc, "read") from None
+        self._version_held = self._in_read
         return self._table
 
     def documents(self) -> list[Document]:
@@ -462,6 +485,7 @@ class LanceStore(Store):
             listing[name] = {"size": entry.get("size") or 0, "modified": float(modified)}
         return listing
 
+    @_one_version
     def summary(self, checksums: bool = True) -> dict:
         sizes = {name: e["size"] for name, e in self._kv_listing().items()}
         documents = []
@@ -472,6 +496,7 @@ class LanceStore(Store):
                               "prefill": doc.prefill, "window": doc.window, "metadata": doc.metadata})
         return summary_of(self.path, self.settings, documents, sum(sizes.values()))
 
+    @_one_version
     def verify(self) -> dict:
         """As `Store.verify`; `manifest` is "ok" when the table reads, and `orphans` lists the KV files no row
         uses (of any age)."""
@@ -524,6 +549,7 @@ class LanceStore(Store):
 
     # -- retrieval and loading -----------------------------------------------------------------------------
 
+    @_one_version
     def search(self, query: np.ndarray, top_k: int, text: str | None = None, retrieval: str = "dense",
                documents: Iterable[str] | None = None) -> list[Hit]:
         """As `Store.search`. Over the whole store each ranking is LanceDB's (vector index or exact scan, and the

@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import BAKERY
+from conftest import ingest_docs as _ingest
+
 from cagkit.ask import ask
 from cagkit.errors import CagkitError, StoreError
 from cagkit.ingest.pipeline import ingest
@@ -22,24 +25,6 @@ from cagkit.kv.prefill import prefill_kv
 from cagkit.models.loading import LoadedModel, register_loaded
 from cagkit.retrieval.search import retrieve
 from cagkit.store.store import Store
-
-LIGHTHOUSE = ("The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison.\n\n"
-              "It is 41 metres tall, and its light can be seen from thirty kilometres away on a clear night.")
-BAKERY = ("The bakery on Mill Street sells rye bread every Tuesday and Friday morning.\n\n"
-          "Its oven was brought from Vienna in 1923 by the founder's grandson, a baker named Josef Weber.")
-
-
-@pytest.fixture
-def docs(tmp_path):
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    (folder / "lighthouse.md").write_text(LIGHTHOUSE)
-    (folder / "bakery.txt").write_text(BAKERY)
-    return folder
-
-
-def _ingest(docs, store, **kw):
-    return ingest([docs], store=store, source="tiny-llama", chunk_tokens=32, progress=False, **kw)
 
 
 def test_ingest_stores_rope_free_kv_that_matches_a_fresh_prefill(tiny_llama, docs, tmp_path):

@@ -48,9 +48,9 @@ def test_a_warm_context_is_the_cold_one_and_questions_do_not_change_it(tiny_llam
     with Store.open(store) as st:
         hits, _, _ = choose_scope(st, st.document_hits("harbour")[:1], "document", 4000, "stored")
         cold = build_context_cache(tiny_llama, st, hits, "q?", "stored", AS_STORED, "document")
-        first = build_context_cache(tiny_llama, st, hits, "q?", "stored", AS_STORED, "document", warm)
+        first = build_context_cache(tiny_llama, st, hits, "q?", "stored", AS_STORED, "document", warm=warm)
         tiny_llama.model(input_ids=torch.tensor([first.pending_ids]), cache=first.cache, use_cache=True)
-        got = build_context_cache(tiny_llama, st, hits, "q?", "stored", AS_STORED, "document", warm)
+        got = build_context_cache(tiny_llama, st, hits, "q?", "stored", AS_STORED, "document", warm=warm)
     assert not first.warm and got.warm and got.context_tokens == cold.context_tokens
     tiny_llama.model(input_ids=torch.tensor([got.pending_ids]), cache=got.cache, use_cache=True)  # extends the copy
     (entry,) = warm._entries.values()

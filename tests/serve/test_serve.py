@@ -11,12 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -29,6 +26,7 @@ from conftest import make_tiny_llama  # noqa: E402
 
 from cagkit.ask import ask  # noqa: E402
 from cagkit.cli import main  # noqa: E402
+from cagkit.bench import ServerProcess  # noqa: E402
 from cagkit.ingest.pipeline import ingest_texts  # noqa: E402
 
 FACTS = {
@@ -41,52 +39,11 @@ QUESTION = "How many cardamom buns does the bakery sell?"
 KEY = "test-key-1234"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A `cagkit serve` process; `url` once /health answers."""
-
-    def __init__(self, *args: str):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"cagkit-serve-test-{self.port}.log", "w+")
-        code = "import sys; from cagkit.cli import main; sys.exit(main())"
-        self.proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", str(self.port), *args],
-                                     stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**{k: v for k, v in os.environ.items() if k != "CAGKIT_API_KEY"},
-                                          "OMP_NUM_THREADS": "1", "CAGKIT_DEVICE": "cpu"})
-
-    def wait(self, timeout: float = 90.0) -> "Server":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise AssertionError(f"cagkit serve exited with {self.proc.returncode}:\n{self.log.read()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError("cagkit serve did not answer /health in time")
-
-    def output(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+def Server(*args: str) -> ServerProcess:
+    """A `cagkit serve` process on CPU, one thread, without the API key of this process's environment."""
+    return ServerProcess(*args, log_prefix="cagkit-serve-test",
+                         env={**{k: v for k, v in os.environ.items() if k != "CAGKIT_API_KEY"},
+                              "OMP_NUM_THREADS": "1", "CAGKIT_DEVICE": "cpu"})
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +69,7 @@ def setup(tmp_path_factory, smollm2_tokenizer):
                  for doc, fact in FACTS.items()]
         ingest_texts(items, store=store, source=alpha, chunk_tokens=48, progress=False)
         for server in servers.values():
-            server.wait()
+            server.wait(timeout=90)
         yield {"alpha": alpha, "beta": beta, "store": store, **servers}
     finally:
         for server in servers.values():

@@ -16,34 +16,18 @@ import torch
 
 pytest.importorskip("lancedb")
 
+from conftest import ingest_docs as _ingest  # noqa: E402
 from s3server import fake_chunks, settings_for  # noqa: E402
 
 from cagkit.ask import ask  # noqa: E402
 from cagkit.errors import StoreError  # noqa: E402
-from cagkit.ingest.pipeline import ingest, remove  # noqa: E402
+from cagkit.ingest.pipeline import remove  # noqa: E402
 from cagkit.retrieval.search import retrieve  # noqa: E402
 from cagkit.store import lance  # noqa: E402
 from cagkit.store.store import Store  # noqa: E402
 
-LIGHTHOUSE = ("The lighthouse on Kerrow Point was built in 1871 by the engineer Mara Ellison.\n\n"
-              "It is 41 metres tall, and its light can be seen from thirty kilometres away on a clear night.")
-BAKERY = ("The bakery on Mill Street sells rye bread every Tuesday and Friday morning.\n\n"
-          "Its oven was brought from Vienna in 1923 by the founder's grandson, a baker named Josef Weber.")
 QUESTIONS = ["Who built the lighthouse on Kerrow Point?", "Where was the bakery's oven brought from?",
              "How tall is it?", "rye bread Tuesday"]
-
-
-@pytest.fixture
-def docs(tmp_path):
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    (folder / "lighthouse.md").write_text(LIGHTHOUSE)
-    (folder / "bakery.txt").write_text(BAKERY)
-    return folder
-
-
-def _ingest(docs, store, **kw):
-    return ingest([docs], store=store, source="tiny-llama", chunk_tokens=32, progress=False, **kw)
 
 
 def test_a_lance_store_answers_as_the_sqlite_store_does(tiny_llama, docs, tmp_path):
