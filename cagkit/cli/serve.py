@@ -31,16 +31,20 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", default=os.environ.get("CAGKIT_API_KEY") or None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every /v1 request (default: $CAGKIT_API_KEY, "
                         "else none; the variable keeps the key out of the process list)")
+    p.add_argument("--cache-bytes", default="2G", metavar="SIZE",
+                   help="most memory for placed document contexts kept for the next question on the same "
+                        "documents, which then pays only its own prefill; least recently used dropped first; "
+                        "e.g. 512M, 4G, 0 to keep none (default: %(default)s)")
     add_device_options(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from cagkit.serve.settings import ServeConfig
+    from cagkit.serve.settings import ServeConfig, parse_bytes
 
     config = ServeConfig(store=args.store, host=args.host, port=args.port,
                          models=tuple(m.strip() for m in args.models.split(",")), max_loaded=args.max_loaded,
-                         api_key=args.api_key, device=args.device)
+                         api_key=args.api_key, device=args.device, cache_bytes=parse_bytes(args.cache_bytes))
     config.check()
     try:
         from cagkit.serve.app import serve

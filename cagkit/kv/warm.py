@@ -17,8 +17,10 @@ import copy
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from transformers import DynamicCache
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 @dataclass

@@ -201,7 +201,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         stats = await asyncio.to_thread(state.store_stats)
-        text = state.metrics.render(config.models, state.pool.loaded(), stats)
+        text = state.metrics.render(config.models, state.pool.loaded(), stats, state.warm_stats())
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

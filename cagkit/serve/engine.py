@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from cagkit.config import DEFAULT_SCOPE, Placement
 from cagkit.errors import CagkitError
+from cagkit.kv.warm import WarmCaches
 from cagkit.serve.jobs import IngestJobs
 from cagkit.serve.metrics import Metrics
 from cagkit.serve.models import ModelPool
@@ -73,6 +74,7 @@ class ServerState:
         # threads at once, and a query takes milliseconds, so retrievals take turns.
         self.embed_lock = threading.Lock()
         self.answering: set[Answering] = set()  # requests not finished yet, stopped when the server stops
+        self.contexts = WarmCaches(config.cache_bytes)  # placed documents kept for the next question on them
 
     def warm(self) -> None:
         """Load the first --max-loaded models and the retrieval embedder, so that the first request waits for
@@ -114,6 +116,10 @@ class ServerState:
         with self.embed_lock:
             vector = embed_query(question)
             return store, retrieve(store, question, top_k, retrieval, documents, vector), vector
+
+    def warm_stats(self) -> dict:
+        c = self.contexts
+        return {"contexts": len(c), "bytes": c.nbytes, "hits": c.hits, "misses": c.misses}
 
     def store_stats(self) -> dict:
         try:
@@ -195,7 +201,7 @@ class Answering:
             answer = answer_from_chunks(lm, store, placed, q.question, mode, q.max_new_tokens, self._on_text,
                                         started=started, retrieved=retrieved, placement=placement, scope=scope,
                                         sources=[h for h in hits if scope == "document" or h in placed],
-                                        prompt=prompt, vector=vector)
+                                        prompt=prompt, vector=vector, warm=self.state.contexts)
             answer.retrieval = q.retrieval
             answer.skipped = left_out + dropped + answer.skipped
             completion = lm.count_tokens(answer.answer) if answer.answer else 0

@@ -40,9 +40,10 @@ class Metrics:
         with self._lock:
             self._cancelled[model] += 1
 
-    def render(self, served: tuple[str, ...], loaded: list[str], store: dict[str, int]) -> str:
+    def render(self, served: tuple[str, ...], loaded: list[str], store: dict[str, int],
+               warm: dict[str, int] | None = None) -> str:
         """Prometheus text of the counters, with the models in memory and the store's `documents`, `chunks` and
-        `bytes` as gauges."""
+        `bytes` as gauges; `warm`: the warm contexts' `contexts` and `bytes` (gauges), `hits` and `misses`."""
         out: list[str] = []
 
         def family(name: str, kind: str, help_text: str) -> None:
@@ -81,6 +82,13 @@ class Metrics:
                                ("bytes", "Bytes the store takes on disk: manifest and KV files.")):
             family(f"cagkit_store_{key}", "gauge", help_text)
             out.append(f"cagkit_store_{key} {store[key]}")
+        for key, kind, help_text in (
+                ("contexts", "gauge", "Placed document contexts kept in memory for the next question (--cache-bytes)."),
+                ("bytes", "gauge", "Bytes of the placed contexts kept in memory."),
+                ("hits_total", "counter", "Questions answered from a kept context: nothing read or placed."),
+                ("misses_total", "counter", "Questions whose context was read and placed (and then kept).")):
+            family(f"cagkit_warm_{key}", kind, help_text)
+            out.append(f"cagkit_warm_{key} {(warm or {}).get(key.removesuffix('_total'), 0)}")
         return "\n".join(out) + "\n"
 
 

@@ -293,7 +293,7 @@ def cagkit_part(answer, window: list[float], queued_ms: float) -> dict:
     timings = dict(answer.timings, queue_ms=queued_ms)
     return {"sources": answer.sources, "timings": timings, "mode": answer.mode, "retrieval": answer.retrieval,
             "context_tokens": answer.context_tokens, "placement": answer.placement,
-            "scope": answer.scope, "documents": answer.documents,
+            "scope": answer.scope, "documents": answer.documents, "warm": answer.warm,
             # retrieved chunks left out because their stored KV is damaged (where cagkit.ask reports them)
             "skipped": answer.skipped,
             "served": {"start": window[0], "end": window[-1]} if window else None}

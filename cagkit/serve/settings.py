@@ -8,6 +8,24 @@ from pathlib import Path
 from cagkit.config import DEFAULT_MODEL, DEFAULT_STORE
 from cagkit.errors import CagkitError
 
+DEFAULT_CACHE_BYTES = 2 << 30  # about eight 4k-token documents of qwen-1.5b placed in fp32
+
+
+def parse_bytes(text: str) -> int:
+    """A size such as `2G`, `512M`, `64k` or `1000000` (powers of 1024 for the suffixes) in bytes; a CagkitError
+    that names the value otherwise."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1:] if value[-1:] in units and value[-1:] else ""
+    try:
+        number = float(value[:-1] if unit else value)
+    except ValueError:
+        raise CagkitError(f"--cache-bytes {text!r} is not a size; give bytes, or a number with K, M or G "
+                          f"(e.g. 2G, 512M, 0 to keep none)") from None
+    if number < 0:
+        raise CagkitError(f"--cache-bytes must be 0 (keep none) or more, got {text}")
+    return int(number * units[unit])
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -22,6 +40,8 @@ class ServeConfig:
     api_key: when set, every /v1 request must send `Authorization: Bearer <api_key>` (/health and /metrics stay
         open, as in vLLM).
     device: where the models run (`cagkit.models.loading.resolve_device`).
+    cache_bytes: the most bytes of placed document contexts kept in memory, least recently used dropped first,
+        so that another question on the same documents pays only its own prefill (`cagkit.kv.warm`); 0 keeps none.
     """
 
     store: Path = DEFAULT_STORE
@@ -31,6 +51,7 @@ class ServeConfig:
     max_loaded: int = 2
     api_key: str | None = None
     device: str | None = None
+    cache_bytes: int = DEFAULT_CACHE_BYTES
 
     def check(self) -> None:
         """Refuse a configuration the server could not run with, before any model loads or the port is bound: a
@@ -43,6 +64,8 @@ class ServeConfig:
             raise CagkitError(f"--max-loaded must be at least 1, got {self.max_loaded}")
         if not 0 <= self.port <= 65535:
             raise CagkitError(f"--port must be between 0 and 65535, got {self.port}")
+        if self.cache_bytes < 0:
+            raise CagkitError(f"--cache-bytes must be 0 (keep none) or more, got {self.cache_bytes}")
         if self.api_key is not None and not self.api_key.strip():
             raise CagkitError("--api-key is empty; give a key, or leave the option out to serve without one")
         from cagkit.store.store import check_location

@@ -111,6 +111,13 @@ def test_chat_matches_ask_streamed_or_not_with_the_openai_client(setup):
     assert body["choices"][0]["message"]["content"] == whole.answer and whole.documents
     assert (body["cagkit"]["mode"], body["cagkit"]["scope"], body["cagkit"]["documents"]) == (
         "reuse", "document", whole.documents)
+    # the same documents again: their placed context was kept (--cache-bytes), so nothing is read or placed
+    hits = _metric(httpx.get(f"{setup['main'].url}/metrics").text, "cagkit_warm_hits_total")
+    again = _chat(setup["main"].url, setup["alpha"], max_tokens=12, mode="auto").json()
+    assert again["cagkit"]["warm"] and not body["cagkit"]["warm"] and again["cagkit"]["timings"]["place_ms"] == 0
+    assert again["choices"][0]["message"]["content"] == whole.answer
+    metrics = httpx.get(f"{setup['main'].url}/metrics").text
+    assert _metric(metrics, "cagkit_warm_hits_total") == hits + 1 and _metric(metrics, "cagkit_warm_bytes") > 0
     chunks = ask(QUESTION, store=setup["store"], model=setup["alpha"], max_new_tokens=12, mode="auto", scope="chunks")
     body = _chat(setup["main"].url, setup["alpha"], max_tokens=12, mode="auto", scope="chunks").json()
     assert body["choices"][0]["message"]["content"] == chunks.answer
@@ -411,6 +418,8 @@ def test_serve_command_refuses_bad_options_and_a_missing_extra(tmp_path, capsys,
     assert "names a model twice" in capsys.readouterr().err
     assert main(["serve", "--max-loaded", "0"]) == 2
     assert "--max-loaded must be at least 1" in capsys.readouterr().err
+    assert main(["serve", "--cache-bytes", "lots"]) == 2
+    assert "--cache-bytes 'lots' is not a size" in capsys.readouterr().err
     assert main(["serve", "--models", "llama-9000", "--port", "1"]) == 2
     assert "unknown model" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "fastapi", None)  # as if the serve extra were not installed
