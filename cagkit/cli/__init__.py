@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from cagkit import __version__
-from cagkit.cli import ask, eval, ingest, models, serve, store, translators
+from cagkit.cli import ask, bench, eval, ingest, models, serve, store, translators
 from cagkit.config import Placement
 from cagkit.errors import CagkitError
 
@@ -21,7 +21,7 @@ DESCRIPTION = """Cache-augmented generation over long documents: prefill documen
 keep the KV cache in a store, and answer with any target model from translated caches."""
 
 # in the order `cagkit --help` lists them
-COMMANDS = (ingest, ask, serve, store, models, translators, eval)
+COMMANDS = (ingest, ask, serve, store, models, translators, eval, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,401 @@
+"""`cagkit bench`: time to first token against document length, for a store written by the model itself, beside
+native prefill, the `select` control and a plain `torch.save` cache.
+
+    cagkit bench --model qwen-1.5b [--sizes 1024,4096,16384] [--repeats 3] [--text FILE] [--question Q]
+        [--out results/bench-<model>.json] [--plot results/bench-<model>.png] [--report results/bench-<model>.md]
+        [--replot]
+
+The documents: for each size N, the opening of one text (default: a held-out Gutenberg book of the shared data,
+`$CAGKIT_DATA/corpus/gutenberg/testing/chesterton-brown.txt`; `--text` any UTF-8 file), cut at the sentence end
+(or paragraph end) whose token count in the model's tokenizer is nearest to N. Each is its own document (id
+`<text stem>:<N>`) in one store per model (`--store`, default results/stores/bench/<model>), written by the model
+itself: `ingest_texts(..., prefill="document")`, so every chunk's KV is its slice of the document read whole
+after the prompt prefix (`cagkit.generation.context_prefix`). The ingest of each document is timed (prefill,
+sentence embeddings and writing; the model already loaded).
+
+Per size, one question (`--question`; the default asks about the default book's opening) and one new token; four
+ways to the first token, side by side in one process and interleaved (each round runs all four, the order rotated
+by one each round): one warm-up round, dropped, then the median of `--repeats` rounds. Retrieval and the scope
+choice are done once, before the clock starts, for all four.
+
+- `native`: `answer_from_chunks(mode="native", scope="document")`: the model prefills the prompt prefix, the
+  document's stored token ids and the question.
+- `stored`: `answer_from_chunks(mode="stored", scope="document", placement=AS_STORED)`: the document's stored KV
+  placed whole after the prefix (blend 0), then the question prefilled. For the store's own model this is native
+  prefill's cache, so its first token should be native's.
+- `select`: `answer_from_chunks(mode="select", scope="chunks")` over the top-4 chunks the store retrieves for the
+  question within that document: the control, which reads no stored KV.
+- `torch_save`: what a user would write with plain transformers instead of cagkit, as hhhuang/CAG ("Don't Do RAG")
+  does: the prompt prefix and the document (the same token ids `stored` places) prefilled once into a transformers
+  `DynamicCache` (only the last position's logits computed), `torch.save`d to a file; per question
+  `torch.load(weights_only=False)` of that file, then the model forward over the question suffix and the argmax
+  of the last position's logits. Timed from before the load to the token.
+
+Each size records the four medians (and every round's times and `answer.timings`, whose parts say where the
+first token's time went), their ratios to native, whether `stored` gives native's first token and `torch_save`'s,
+the store's KV bytes on disk for the document against the torch.save file's bytes, the document's tokens, its
+ingest time and rate, and the load average; the file holds the machine (threads, device, torch and transformers
+versions, CPU count). Results go to `--out`, rewritten after the ingest and after every round, so a stopped run
+keeps what it measured; a rerun skips the sizes already measured and redoes a size it left half done. Times compare
+within one results file only. `--plot` draws the first-token time (log) against document tokens (log), `--report`
+writes the table as Markdown (what the docs link to), and the table is printed; `--replot` redoes those three from
+`--out` without loading a model.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from cagkit.bench import write_results
+
+DEFAULT_QUESTION = "Who is the eminent criminologist whose consulting-rooms lay along the sea-front at Scarborough?"
+METHODS = ("native", "stored", "select", "torch_save")
+TOP_K = 4  # the select control's retrieved chunks, as `cagkit ask`'s default top-k
+# A sentence ends after . ! or ? (and any closing quotes or brackets) before whitespace; a paragraph at a blank line.
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)|\n\s*\n")
+
+
+DEFAULT_TEXT = "corpus/gutenberg/testing/chesterton-brown.txt"  # under $CAGKIT_DATA (default ../shared/data)
+DEFAULT_SIZES = (1024, 4096, 16384)
+
+
+def default_text() -> Path:
+    return Path(os.environ.get("CAGKIT_DATA", "../shared/data")) / DEFAULT_TEXT
+
+
+def bench(args) -> dict:
+    """Run (or, with `args.replot`, only redraw) the benchmark of `cagkit bench`; returns the results."""
+    from cagkit.errors import CagkitError
+
+    out = Path(args.out or f"results/bench-{args.model}.json")
+    plot_path = f"results/bench-{args.model}.png" if args.plot is None else args.plot
+    report_path = f"results/bench-{args.model}.md" if args.report is None else args.report
+    if args.replot:
+        if not out.exists():
+            raise CagkitError(f"{out} does not exist; run `cagkit bench --model {args.model}` first (or name the "
+                              f"results file with --out)")
+        result = json.loads(out.read_text())
+    else:
+        if args.repeats < 1:
+            raise CagkitError(f"--repeats must be 1 or more, got {args.repeats}")
+        try:
+            sizes = sorted({int(s) for s in args.sizes.split(",")})
+        except ValueError:
+            raise CagkitError(f"--sizes {args.sizes!r}: give document tokens as whole numbers, e.g. 1024,4096") from None
+        if not sizes or sizes[0] < 16:
+            raise CagkitError(f"--sizes {args.sizes!r}: each size must be at least 16 tokens")
+        text = Path(args.text) if args.text else default_text()
+        if not text.is_file():
+            raise CagkitError(f"text {text} not found; pass --text FILE (any long UTF-8 text), or set $CAGKIT_DATA "
+                              f"to the folder that holds {DEFAULT_TEXT}")
+        result = run(args, sizes, out, text)
+    print(table(result))
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(report(result, out, plot_path, Path(report_path)), encoding="utf-8")
+    if plot_path:
+        plot(result, Path(plot_path))
+    return result
+
+
+def run(args, sizes: list[int], out: Path, book: Path) -> dict:
+    from cagkit.errors import CagkitError
+    from cagkit.models.loading import load_model
+
+    started = time.time()
+    store_dir = Path(args.store or f"results/stores/bench/{args.model}")
+    files_dir = Path("results/bench-files") / args.model  # the torch.save baseline's files, removed per size
+    lm = load_model(args.model, args.device)
+    settings = {
+        "target": args.model, "book": DEFAULT_TEXT if book == default_text() else str(book), "question": args.question, "repeats": args.repeats, "top_k": TOP_K,
+        "store": str(store_dir), "threads": torch.get_num_threads(), "device": str(lm.device),
+        "command": _command(args),
+    }
+    result = {"settings": settings, "rows": []}
+    if out.exists():
+        previous = json.loads(out.read_text())
+        for key in ("target", "book", "question"):
+            if previous["settings"].get(key) != settings[key]:
+                raise CagkitError(f"{out} holds a run with {key} {previous['settings'].get(key)!r}, not "
+                                  f"{settings[key]!r}; pass another --out")
+        result["rows"] = previous["rows"]
+        settings["runs"] = previous["settings"].get("runs", []) + [previous["settings"].get("command")]
+    settings["started_at"] = time.strftime("%Y-%m-%d %H:%M")
+
+    def save(done: bool = False) -> None:  # after every measurement, so a stopped run keeps what it measured
+        settings["complete"] = done
+        settings["wall_s"] = round(time.time() - started, 1)
+        result["rows"].sort(key=lambda r: r["size"])
+        write_results(out, result, device=lm.device)  # with the machine: cpus, torch, transformers
+
+    text = book.read_text(encoding="utf-8")
+    for size in sizes:
+        row = next((r for r in result["rows"] if r["size"] == size), None)
+        if row is not None and not row.get("partial") and "error" not in row:
+            print(f"size {size}: measured already, skipped", flush=True)
+            continue
+        if row is not None:
+            result["rows"].remove(row)
+        new = {"size": size, "partial": True}
+        result["rows"].append(new)
+        try:
+            measure_size(lm, args, book, text, size, store_dir, files_dir, new, row, save)
+            new.pop("partial")
+        except (Exception, KeyboardInterrupt) as exc:  # keep the error in the file; a rerun tries the size again
+            new["error"] = f"{type(exc).__name__}: {exc}"
+            save()
+            if isinstance(exc, KeyboardInterrupt) or isinstance(exc, MemoryError):
+                raise
+            print(f"size {size}: {new['error']}", flush=True)
+            continue
+        save()
+    save(done=all("error" not in r and not r.get("partial") for r in result["rows"]))
+    return result
+
+
+def measure_size(lm, args, book: Path, text: str, size: int, store_dir: Path, files_dir: Path, row: dict, before: dict | None,
+                 save) -> None:
+    """Ingest the document of about `size` tokens, then time the four methods on it into `row`."""
+    from cagkit.ingest.pipeline import ingest_texts, remove
+    from cagkit.store.store import Store
+
+    doc_text = opening(lm.tokenizer, text, size)
+    doc_id = f"{book.stem}:{size}"
+    report = ingest_texts([(doc_id, doc_text)], store=store_dir, source=args.model, prefill="document",
+                          progress=False, device=args.device)
+    if doc_id in report.unchanged:
+        if before and before.get("ingest"):  # the half-done size's ingest, of this very document: keep it
+            row["ingest"] = before["ingest"]
+        else:  # stored by a run that did not record its ingest: ingest it again to time it
+            remove([doc_id], store=store_dir)
+            report = ingest_texts([(doc_id, doc_text)], store=store_dir, source=args.model, prefill="document",
+                                  progress=False, device=args.device)
+    if "ingest" not in row:
+        if report.failed:
+            raise RuntimeError(f"ingest failed: {report.failed}")
+        row["ingest"] = {"tokens": report.tokens, "chunks": report.chunks, "seconds": round(report.seconds, 3),
+                         "tokens_per_s": round(report.tokens_per_s, 1)}
+    row["characters"] = len(doc_text)
+    save()
+    with Store.open(store_dir) as store:
+        entry = next(d for d in store.summary()["per_document"] if d["path"] == doc_id)
+        row.update(document=doc_id, document_tokens=entry["tokens"], chunks=entry["chunks"],
+                   prefill=entry["prefill"], window=entry["window"], store_kv_bytes=entry["kv_bytes"],
+                   store_dtype=store.settings.dtype)
+        print(f"size {size}: {entry['tokens']} tokens, {entry['chunks']} chunks, ingest "
+              f"{row['ingest']['seconds']:.1f} s ({row['ingest']['tokens_per_s']:.0f} tokens/s)", flush=True)
+        timings_of = methods(lm, store, doc_id, args.question, files_dir / f"{size}.pt", row)
+        save()
+        rounds = []
+        row["rounds"] = rounds
+        for r in range(args.repeats + 1):  # round 0 is the warm-up, dropped
+            order = METHODS[r % len(METHODS):] + METHODS[: r % len(METHODS)]
+            done = {"warm_up": r == 0, "order": list(order), "loadavg": [round(x, 2) for x in os.getloadavg()]}
+            for name in order:
+                done[name] = timings_of[name]()
+            rounds.append(done)
+            row.update(summarise(rounds))
+            save()
+            print(f"size {size} round {r}{' (warm-up)' if r == 0 else ''}: "
+                  + ", ".join(f"{m} {done[m]['ttft_ms'] / 1e3:.2f} s" for m in METHODS), flush=True)
+    (files_dir / f"{size}.pt").unlink(missing_ok=True)
+
+
+def methods(lm, store, doc_id: str, question: str, saved: Path, row: dict) -> dict:
+    """The four ways to the first token on document `doc_id`, each a function giving one run's
+    {"ttft_ms", "answer", ...}; builds the torch.save baseline's file (recorded in `row`) on the way."""
+    from cagkit.ask import answer_from_chunks, choose_scope
+    from cagkit.config import AS_STORED, Placement
+    from cagkit.generation import context_room, prompt_parts
+    from cagkit.retrieval.search import retrieve
+
+    prefix, suffix = prompt_parts(lm, question)
+    hits = retrieve(store, question, TOP_K, documents=[doc_id])
+    room = context_room(lm, prefix, suffix, 1)
+    placed, scope, left_out = choose_scope(store, hits, "document", room)
+    if scope != "document" or left_out or len(placed) != row["chunks"]:
+        raise RuntimeError(f"document scope placed {len(placed)} of {row['chunks']} chunks ({scope}, {left_out})")
+    row["select_chunks"] = sorted(h.idx for h in hits)
+    document_ids = [t for ids in store.token_ids([h.chunk_id for h in placed]) for t in ids]
+    row["prompt_tokens"] = len(prefix) + len(document_ids) + len(suffix)
+    row["torch_save"] = save_cache(lm, prefix + document_ids, saved)
+
+    def cagkit(mode: str, hits, placement, scope: str):
+        def once() -> dict:
+            answer = answer_from_chunks(lm, store, hits, question, mode, 1, placement=placement, scope=scope)
+            return {**{k: round(v, 2) for k, v in answer.timings.items()}, "answer": answer.answer,
+                    "context_tokens": answer.context_tokens, "mode": answer.mode}
+        return once
+
+    return {
+        "native": cagkit("native", placed, AS_STORED, "document"),
+        "stored": cagkit("stored", placed, AS_STORED, "document"),
+        "select": cagkit("select", hits, Placement(), "chunks"),
+        "torch_save": lambda: load_and_answer(lm, saved, suffix),
+    }
+
+
+@torch.no_grad()
+def save_cache(lm, ids: list[int], path: Path) -> dict:
+    """hhhuang/CAG's `preprocess_knowledge` + `write_kv_cache`: prefill `ids` into a fresh DynamicCache and
+    `torch.save` it. Returns the file's size and the time each step took."""
+    from transformers import DynamicCache
+
+    from cagkit.models.device import synchronize
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    cache = DynamicCache()
+    lm.model(input_ids=torch.tensor([ids], device=lm.device), cache=cache, use_cache=True, logits_to_keep=1)
+    synchronize(lm.device)
+    prefilled = time.perf_counter()
+    torch.save(cache, path)
+    saved = time.perf_counter()
+    return {"bytes": path.stat().st_size, "tokens": len(ids), "dtype": str(cache.layers[0].keys.dtype),
+            "prefill_s": round(prefilled - started, 3), "save_s": round(saved - prefilled, 3)}
+
+
+@torch.no_grad()
+def load_and_answer(lm, path: Path, suffix: list[int]) -> dict:
+    """One question the torch.save way: load the saved cache, prefill the question suffix, take the first token."""
+    from cagkit.models.device import synchronize
+
+    started = time.perf_counter()
+    cache = torch.load(path, weights_only=False, map_location=lm.device)
+    synchronize(lm.device)
+    loaded = time.perf_counter()
+    logits = lm.model(input_ids=torch.tensor([suffix], device=lm.device), cache=cache, use_cache=True,
+                      logits_to_keep=1).logits[0, -1]
+    token = int(torch.argmax(logits))
+    synchronize(lm.device)
+    end = time.perf_counter()
+    return {"ttft_ms": round((end - started) * 1e3, 2), "load_ms": round((loaded - started) * 1e3, 2),
+            "prefill_ms": round((end - loaded) * 1e3, 2), "token": token,
+            "answer": lm.tokenizer.decode([token], skip_special_tokens=True).strip()}
+
+
+def summarise(rounds: list[dict]) -> dict:
+    """Medians of the measured rounds (the warm-up round alone while it is all there is), ratios to native, and
+    whether the first tokens agree."""
+    measured = [r for r in rounds if not r["warm_up"]] or rounds
+    median = {m: statistics.median(r[m]["ttft_ms"] for r in measured) for m in METHODS}
+    parts = {m: {k: statistics.median(r[m][k] for r in measured) for k in ("load_ms", "prefill_ms")} for m in METHODS}
+    first = {m: rounds[-1][m]["answer"] for m in METHODS}
+    return {
+        "measured_rounds": len([r for r in rounds if not r["warm_up"]]),
+        "ttft_ms": {m: round(v, 1) for m, v in median.items()},
+        "parts_ms": parts,
+        "ratio_to_native": {m: round(median[m] / median["native"], 4) for m in ("stored", "torch_save", "select")},
+        "first_token": first,
+        "stored_equals_native": all(r["stored"]["answer"] == r["native"]["answer"] for r in rounds),
+        "stored_equals_torch_save": all(r["stored"]["answer"] == r["torch_save"]["answer"] for r in rounds),
+        "measured_at": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def opening(tokenizer, text: str, size: int) -> str:
+    """The start of `text` up to the sentence or paragraph end nearest to `size` tokens of `tokenizer`."""
+    window = text[: 8 * size + 2000]  # well over `size` tokens of English prose
+    starts = [a for a, _ in tokenizer(window, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+    if len(starts) <= size:
+        raise RuntimeError(f"the text has only {len(starts)} tokens in its first {len(window)} characters, "
+                           f"fewer than {size}; pass a longer --text or smaller --sizes")
+    ends = [m.end() for m in _SENTENCE_END.finditer(window)]
+    best = min(ends, key=lambda e: abs(bisect.bisect_left(starts, e) - size))
+    return window[:best].rstrip()
+
+
+def _command(args) -> str:
+    """The `cagkit bench` command that reproduces this run (what was given, defaults left out)."""
+    import shlex
+
+    parts = ["cagkit", "bench", "--model", args.model, "--sizes", args.sizes, "--repeats", str(args.repeats)]
+    for option in ("text", "store", "out", "threads", "device"):
+        if getattr(args, option, None):
+            parts += [f"--{option}", str(getattr(args, option))]
+    if args.question != DEFAULT_QUESTION:
+        parts += ["--question", args.question]
+    return shlex.join(parts)
+
+
+def table(result: dict) -> str:
+    """The results as a Markdown table, one row per size, with the run's conditions above it."""
+    s = result["settings"]
+    lines = [f"{s['target']} on {s['device']}, {s['threads']} threads, torch {s.get('torch', '?')}: first-token time "
+             f"(s), median of {s['repeats']} after a warm-up", "",
+             "| tokens | native | stored | torch.save | select | stored/native | torch.save/native | select/native | "
+             "same first token (stored = native, = torch.save) | store KV MB | torch.save MB | ingest tokens/s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['size']} | error: {r['error'][:80]} |")
+            continue
+        if "ttft_ms" not in r:
+            lines.append(f"| {r['size']} | (not measured yet) |")
+            continue
+        t, q = r["ttft_ms"], r["ratio_to_native"]
+        lines.append(
+            f"| {r['document_tokens']} | {t['native'] / 1e3:.2f} | {t['stored'] / 1e3:.3f} | "
+            f"{t['torch_save'] / 1e3:.3f} | {t['select'] / 1e3:.2f} | {q['stored']:.4f} | {q['torch_save']:.4f} | "
+            f"{q['select']:.3f} | {r['stored_equals_native']}, {r['stored_equals_torch_save']} "
+            f"({r['first_token']['native']!r}) | {r['store_kv_bytes'] / 1e6:.1f} | "
+            f"{r['torch_save']['bytes'] / 1e6:.1f} | {r['ingest']['tokens_per_s']:.0f} |"
+            + (" partial" if r.get("partial") else ""))
+    return "\n".join(lines)
+
+
+def report(result: dict, out: Path, plot_path: str, page: Path) -> str:
+    """The Markdown page `--report` writes at `page`: the table, the plot, and where both come from."""
+    s = result["settings"]
+    here = page.parent
+    where = os.path.relpath(plot_path, here) if plot_path else None
+    return "\n".join([
+        f"# First token against document length: {s['target']}", "",
+        f"Written by `cagkit bench` from [{out.name}]({os.path.relpath(out, here)}) (the command: "
+        f"`{s.get('command', '')}`); times compare within this file only.", "", table(result), "",
+        *([f"![first token against document length]({where})", ""] if where else []),
+    ])
+
+
+def plot(result: dict, path: Path) -> None:
+    """First-token time (log) against document tokens (log), one line per method."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    rows = sorted((r for r in result["rows"] if "ttft_ms" in r and "error" not in r), key=lambda r: r["size"])
+    s = result["settings"]
+    figure = Figure(figsize=(7, 4.6))
+    axes = figure.add_subplot(1, 1, 1)
+    styles = {"native": ("native prefill", "o--", "C3"), "stored": ("cagkit stored (document scope)", "o-", "C0"),
+              "torch_save": ("torch.save DynamicCache", "s-.", "C2"), "select": ("select (top-4 chunks)", "^:", "C1")}
+    xs = [r["document_tokens"] for r in rows]
+    for method, (label, style, colour) in styles.items():
+        axes.plot(xs, [r["ttft_ms"][method] / 1e3 for r in rows], style, color=colour, label=label)
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    axes.set_xticks(xs)
+    axes.xaxis.set_major_formatter(plain)
+    axes.xaxis.set_minor_formatter(NullFormatter())
+    axes.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    axes.yaxis.set_major_formatter(plain)
+    axes.yaxis.set_minor_formatter(NullFormatter())
+    axes.set_xlabel("document tokens")
+    axes.set_ylabel("time to first token (s)")
+    axes.set_title(f"{s['target']}: first token from a document cache\n({s['device']}, {s['threads']} threads, "
+                   f"median of {s['repeats']}, {s.get('started_at', '')})", fontsize=10)
+    axes.grid(alpha=0.3, which="both")
+    axes.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(figure)
+    figure.savefig(path, format="png", dpi=110, bbox_inches="tight")
+

@@ -1,0 +1,51 @@
+"""`cagkit bench`: the first-token benchmark runs end to end on a tiny model, its stored document cache gives
+native prefill's first token, and it writes the results, the table and the page; bad options are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cagkit.cli import main
+
+TEXT = " ".join(f"The keeper of lamp {i} at Kerrow wrote {i * 3} lines in the log that night." for i in range(60))
+
+
+def test_bench_on_a_tiny_model_writes_results_table_and_page(tiny_llama, tmp_path, capsys):
+    text = tmp_path / "book.txt"
+    text.write_text(TEXT)
+    out, page = tmp_path / "r" / "bench.json", tmp_path / "docs" / "bench.md"
+    args = ["bench", "--model", "tiny-llama", "--sizes", "48,96", "--repeats", "1", "--text", str(text),
+            "--question", "How many lines did the keeper of lamp 3 write?", "--store", str(tmp_path / "st"),
+            "--out", str(out), "--plot", "", "--report", str(page), "--threads", "1"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert [r["size"] for r in result["rows"]] == [48, 96] and result["settings"]["complete"]
+    for row in result["rows"]:
+        assert set(row["ttft_ms"]) == {"native", "stored", "select", "torch_save"}
+        assert row["stored_equals_native"] and row["stored_equals_torch_save"]
+        assert abs(row["document_tokens"] - row["size"]) < 20 and row["prefill"] == "document"
+        assert row["measured_rounds"] == 1 and row["store_kv_bytes"] > 0
+    assert result["machine"]["cpus"] >= 1 and "cagkit bench" in result["settings"]["command"]
+    table = printed[printed.index("| tokens |"):]
+    assert table.count("\n| ") == 2  # one row per size, under the header and its separator
+    assert "| tokens |" in page.read_text() and "../r/bench.json" in page.read_text()
+    # a rerun resumes: both sizes measured already, nothing loads or runs again
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("measured already, skipped") == 2
+    assert main(["bench", "--model", "tiny-llama", "--out", str(out), "--replot", "--plot", "", "--report", ""]) == 0
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--sizes", "a,b"], "--sizes 'a,b': give document tokens as whole numbers"),
+    (["--sizes", "8"], "each size must be at least 16 tokens"),
+    (["--repeats", "0"], "--repeats must be 1 or more"),
+    (["--text", "/nowhere/book.txt"], "text /nowhere/book.txt not found; pass --text FILE"),
+    (["--replot", "--out", "/nowhere/r.json"], "/nowhere/r.json does not exist"),
+])
+def test_bad_bench_options_are_one_line_errors(extra, words, capsys):
+    assert main(["bench", "--model", "tiny-llama", *extra]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
