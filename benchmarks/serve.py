@@ -13,6 +13,15 @@ this order, with nothing else of this script running meanwhile:
   streamed chat requests one after another, each timed from sending it to the first content chunk on the wire.
 - load: for each `--concurrency` C, `--requests` non-streamed chat requests sent by C client threads at once;
   requests per second (requests / wall time), median and 95th-percentile latency, answer tokens per second.
+- documents (with `--document ID`, the store written by `--model`): warm document caches. Questions restricted to
+  that one document, `mode` stored at document scope: after a warm-up question at chunk scope (which is not kept,
+  and leaves the prompt prefix prefilled once, as a running server has it), the first question reads and places
+  the document, the
+  `--repeats` after it find it kept (`--cache-bytes`); then `--requests` questions on it from the largest
+  `--concurrency` clients at once. The server's own first-token time and its parts (load, place, prefill) for each,
+  and the ratio of the repeated questions' median to the first's. This phase runs first, on a fresh server.
+
+`--phases` picks which run (default: fresh, warm and load; documents needs `--document`).
 
 The questions rotate through a fixed list about the example documents, so no two requests in a row are the same.
 Every request uses cagkit's defaults (top 4 chunks, hybrid retrieval, the default placement) and `--max-tokens`.
@@ -35,6 +44,14 @@ from pathlib import Path
 
 from cagkit.bench import ServerFailed, ServerProcess, Timer, cagkit_command, summary, write_results
 
+BOOK_QUESTIONS = (  # for --document: questions about a long text; the answer's content does not matter here
+    "Who is the main character of this story?",
+    "Where does the story take place?",
+    "What happens at the beginning?",
+    "Which people are named first?",
+    "What is the weather like?",
+    "What does the detective notice?",
+)
 QUESTIONS = (
     "How does cagkit make a stored chunk usable at any position in the prompt?",
     "What does the store keep for each document?",
@@ -92,6 +109,34 @@ def warm_first_token(httpx, url: str, args) -> dict:
     return {"first_token_s": summary(first), "server_ttft_s": summary(server_ttft)}
 
 
+def documents(httpx, url: str, args, clients: int) -> dict:
+    """The first question on `--document` (placed, then kept), `--repeats` more one at a time (warm), then
+    `--requests` from `clients` threads at once: the server's first-token time and its parts for each."""
+    def ask(i: int, scope: str = "document") -> dict:
+        body = {"model": args.model, "max_tokens": 1, "mode": "stored", "scope": scope,
+                "documents": [args.document],
+                "messages": [{"role": "user", "content": BOOK_QUESTIONS[i % len(BOOK_QUESTIONS)]}]}
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=1800)
+        if response.status_code != 200:
+            raise SystemExit(f"request failed ({response.status_code}): {response.text[:300]}")
+        part = response.json()["cagkit"]
+        t = part["timings"]
+        return {"warm": part["warm"], "documents": part["documents"], "context_tokens": part["context_tokens"],
+                **{k: round(t[k], 1) for k in ("ttft_ms", "load_ms", "place_ms", "prefill_ms", "queue_ms")}}
+
+    warm_up = ask(0, "chunks")  # the model's prompt prefix prefilled once and its kernels warm; blend 0.15: not kept
+    first = ask(0)
+    repeated = [ask(i) for i in range(1, args.repeats + 1)]
+    with ThreadPoolExecutor(clients) as pool:
+        together = list(pool.map(ask, range(args.requests)))
+    median = statistics.median(r["ttft_ms"] for r in repeated)
+    return {"document": args.document, "warm_up": warm_up, "first": first, "repeated": repeated, "clients": clients,
+            "together": together, "repeated_ttft_ms_median": median,
+            "repeated_over_first": round(median / first["ttft_ms"], 3),
+            "together_ttft_ms_median": statistics.median(r["ttft_ms"] for r in together),
+            "together_warm": sum(r["warm"] for r in together)}
+
+
 def load(httpx, url: str, args, clients: int) -> dict:
     """`--requests` chat requests from `clients` threads at once: requests/s and latency."""
     latencies, tokens, errors = [], [], []
@@ -133,7 +178,13 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=16, help="requests per load run (default: 16)")
     p.add_argument("--max-tokens", type=int, default=32, help="longest answer in tokens (default: 32)")
     p.add_argument("--out", default="docs/serve-benchmark.json")
+    p.add_argument("--phases", default="fresh,warm,load", help="which to run, of fresh, warm, load, documents")
+    p.add_argument("--document", default=None, help="the stored document the documents phase asks about")
+    p.add_argument("--cache-bytes", default="2G", help="the server's --cache-bytes (default: 2G)")
     args = p.parse_args()
+    phases = set(args.phases.split(","))
+    if "documents" in phases and not args.document:
+        raise SystemExit("the documents phase needs --document ID (a document of --store written by --model)")
     try:
         import httpx
     except ImportError:
@@ -147,28 +198,49 @@ def main() -> None:
     write_results(args.out, results, device="cpu")  # the command, the date and the machine, as the run starts
     results |= {
         "settings": {"model": args.model, "store": args.store, "threads": args.threads, "repeats": args.repeats,
-                     "requests": args.requests, "max_tokens": args.max_tokens, "concurrency": levels},
+                     "requests": args.requests, "max_tokens": args.max_tokens, "concurrency": levels,
+                     "phases": sorted(phases), "document": args.document, "cache_bytes": args.cache_bytes},
     }
-    print(f"cagkit ask in a fresh process, {args.repeats} runs ...", flush=True)
-    results["fresh_ask"] = fresh_ask(args, env)
+    if "fresh" in phases:
+        print(f"cagkit ask in a fresh process, {args.repeats} runs ...", flush=True)
+        results["fresh_ask"] = fresh_ask(args, env)
     server = ServerProcess("--store", args.store, "--models", args.model, "--max-loaded", "1", "--threads",
-                           str(args.threads), env=env, log_prefix="cagkit-serve-bench")
+                           str(args.threads), "--cache-bytes", args.cache_bytes, env=env,
+                           log_prefix="cagkit-serve-bench")
     try:
         try:
             results["server_startup_s"] = round(server.wait(), 3)
         except ServerFailed as exc:
             raise SystemExit(str(exc)) from None
-        print(f"server up in {results['server_startup_s']:.1f} s; warm first token, {args.repeats} runs ...",
-              flush=True)
-        results["warm_server"] = warm_first_token(httpx, server.url, args)
-        results["load"] = []
-        for clients in levels:
-            print(f"load: {args.requests} requests from {clients} clients ...", flush=True)
-            results["load"].append(load(httpx, server.url, args, clients))
+        print(f"server up in {results['server_startup_s']:.1f} s", flush=True)
+        if "documents" in phases:
+            print(f"documents: {args.document}, first question, {args.repeats} repeats, {args.requests} from "
+                  f"{max(levels)} clients ...", flush=True)
+            results["documents"] = documents(httpx, server.url, args, max(levels))
+            write_results(args.out, results)
+        if "warm" in phases:
+            print(f"warm first token, {args.repeats} runs ...", flush=True)
+            results["warm_server"] = warm_first_token(httpx, server.url, args)
+        if "load" in phases:
+            results["load"] = []
+            for clients in levels:
+                print(f"load: {args.requests} requests from {clients} clients ...", flush=True)
+                results["load"].append(load(httpx, server.url, args, clients))
     finally:
         server.stop()
     results["machine"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
     write_results(args.out, results)
+    if "documents" in results:
+        d = results["documents"]
+        print(f"\n{args.model}, {d['document']} ({d['first']['context_tokens']} tokens): first question "
+              f"{d['first']['ttft_ms'] / 1e3:.2f} s (load {d['first']['load_ms']:.0f} ms, place "
+              f"{d['first']['place_ms']:.0f} ms, prefill {d['first']['prefill_ms']:.0f} ms); repeated, warm: median "
+              f"{d['repeated_ttft_ms_median'] / 1e3:.2f} s ({d['repeated_over_first']:.2f}x the first); "
+              f"{len(d['together'])} from {d['clients']} clients at once: median {d['together_ttft_ms_median'] / 1e3:.2f} "
+              f"s, {d['together_warm']} warm")
+    if "fresh_ask" not in results or "warm_server" not in results:
+        print(f"\nwritten to {args.out}")
+        return
 
     fresh, warm = results["fresh_ask"], results["warm_server"]
     print(f"\n{args.model}, {args.threads} thread(s), answers up to {args.max_tokens} tokens; medians of "
@@ -178,7 +250,7 @@ def main() -> None:
     print(f"  first token, warm `cagkit serve` (streamed):  {warm['first_token_s']['median']:.3f} s "
           f"(server's own ttft {warm['server_ttft_s']['median']:.3f} s; start-up {results['server_startup_s']:.1f} s)")
     print("  clients  requests/s  p50 latency s  p95 latency s  answer tokens/s")
-    for row in results["load"]:
+    for row in results.get("load", []):
         print(f"  {row['clients']:>7}  {row['requests_per_s']:>10.3f}  {row['latency_p50_s']:>13.3f}  "
               f"{row['latency_p95_s']:>13.3f}  {row['answer_tokens_per_s']:>15.2f}")
     print(f"\nwritten to {args.out}")
