@@ -315,9 +315,9 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     leaves the cache empty and the whole prompt pending, as a target without cagkit would read it. Otherwise the
     steps are: load the chunks, their KV from the source (`translate_s` starts), the repair (`repair_s`: the
     target's recomputed bottom layers, then `placement.blend`), and the placing; `ask` prints the two parts of
-    `translate_s` as "translate" and "repair". `prompt` and `vector` as for
-    `answer_from_chunks`. With `warm`, a context placed with blend 0 is kept there and
-    a later question on the same chunks starts from a copy of it (`cagkit.kv.warm`): nothing is read or placed.
+    `translate_s` as "translate" and "repair". `prompt` and `vector` as for `answer_from_chunks`. With `warm`, a
+    context placed with blend 0 is kept there and a later question on the same chunks starts from a copy of it
+    (`cagkit.kv.warm`): nothing is read or placed.
     Mode `focus` places the stored KV as `stored` does, then leaves to be prefilled with the question the sentences
     `select` would read from the retrieved chunks `focus` (default `hits`): the target re-reads them right before
     the question, attending to the whole placed context.
