@@ -38,7 +38,7 @@ def test_a_second_question_on_warm_documents_reads_nothing_and_answers_as_cold(t
         other_cold = _answer(tiny_llama, st, "When was pier 7 rebuilt?", None)
     assert (first.warm, second.warm, again.warm) == (False, True, True)
     assert first.answer == cold.answer == again.answer and second.answer == other_cold.answer
-    assert second.timings["load_ms"] < first.timings["load_ms"] and second.timings["place_ms"] == 0
+    assert second.timings["load_ms"] < first.timings["load_ms"]  # nothing read; its place_ms is the copy
     assert len(warm) == 1 and warm.hits == 2 and warm.misses == 1
     assert warm.nbytes > 0
 
