@@ -116,8 +116,15 @@ def m004_document_prefill(path: Path, conn: sqlite3.Connection) -> list[str]:
     return []
 
 
+def m005_compressed_kv(path: Path, conn: sqlite3.Connection) -> list[str]:
+    """Nothing to change: a store may now hold int8 or int4 KV (`settings.dtype`; codes with their scales beside
+    them, `cagkit.kv.quant`), which a cagkit from before would read as float16 and place as garbage. Recorded, it
+    makes such a cagkit refuse the store instead (`pending`)."""
+    return []
+
+
 MIGRATIONS: list[Migration] = [m001_create_tables, m002_sentence_embeddings, m003_chunk_files_and_checksums,
-                               m004_document_prefill]
+                               m004_document_prefill, m005_compressed_kv]
 
 
 def sentence_tensors(index: int, sentences: tuple) -> dict:
