@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cagkit.cli.options import add_device_options
+from cagkit.config import KV_DTYPES
 
 
 def add_parser(sub) -> None:
@@ -22,7 +23,10 @@ def add_parser(sub) -> None:
                         "chesterton-brown.txt, $CAGKIT_DATA defaulting to ../shared/data)")
     p.add_argument("--question", default=None,
                    help="the question asked of every document (default: one about the default text's opening)")
-    p.add_argument("--store", default=None, help="the store the documents go to (default: results/stores/bench/<model>)")
+    p.add_argument("--dtype", default="float16", choices=list(KV_DTYPES),
+                   help="the KV dtype of that store (`cagkit ingest --dtype`; default: %(default)s)")
+    p.add_argument("--store", default=None,
+                   help="the store the documents go to (default: results/stores/bench/<model>[-<dtype>])")
     p.add_argument("--out", default=None, help="results JSON, resumed if it exists (default: results/bench-<model>.json)")
     p.add_argument("--plot", default=None, help="PNG to draw (default: results/bench-<model>.png; '' for none)")
     p.add_argument("--report", default=None,

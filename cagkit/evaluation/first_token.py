@@ -111,18 +111,21 @@ def run(args, sizes: list[int], out: Path, book: Path) -> dict:
     from cagkit.models.loading import load_model
 
     started = time.time()
-    store_dir = Path(args.store or f"results/stores/bench/{args.model}")
+    dtype = getattr(args, "dtype", "float16")
+    store_dir = Path(args.store or f"results/stores/bench/{args.model}" + ("" if dtype == "float16" else f"-{dtype}"))
     files_dir = Path("results/bench-files") / args.model  # the torch.save baseline's files, removed per size
     lm = load_model(args.model, args.device)
     settings = {
-        "target": args.model, "book": DEFAULT_TEXT if book == default_text() else str(book), "question": args.question, "repeats": args.repeats, "top_k": TOP_K,
+        "target": args.model, "dtype": dtype, "book": DEFAULT_TEXT if book == default_text() else str(book),
+        "question": args.question, "repeats": args.repeats, "top_k": TOP_K,
         "store": str(store_dir), "threads": torch.get_num_threads(), "device": str(lm.device),
         "command": _command(args),
     }
     result = {"settings": settings, "rows": []}
     if out.exists():
         previous = json.loads(out.read_text())
-        for key in ("target", "book", "question"):
+        previous["settings"].setdefault("dtype", "float16")  # files from before --dtype
+        for key in ("target", "book", "question", "dtype"):
             if previous["settings"].get(key) != settings[key]:
                 raise CagkitError(f"{out} holds a run with {key} {previous['settings'].get(key)!r}, not "
                                   f"{settings[key]!r}; pass another --out")
@@ -170,14 +173,14 @@ def measure_size(lm, args, book: Path, text: str, size: int, store_dir: Path, fi
     doc_text = opening(lm.tokenizer, text, size)
     doc_id = f"{book.stem}:{size}"
     report = ingest_texts([(doc_id, doc_text)], store=store_dir, source=args.model, prefill="document",
-                          progress=False, device=args.device)
+                          progress=False, device=args.device, dtype=args.dtype)
     if doc_id in report.unchanged:
         if before and before.get("ingest"):  # the half-done size's ingest, of this very document: keep it
             row["ingest"] = before["ingest"]
         else:  # stored by a run that did not record its ingest: ingest it again to time it
             remove([doc_id], store=store_dir)
             report = ingest_texts([(doc_id, doc_text)], store=store_dir, source=args.model, prefill="document",
-                                  progress=False, device=args.device)
+                                  progress=False, device=args.device, dtype=args.dtype)
     if "ingest" not in row:
         if report.failed:
             raise RuntimeError(f"ingest failed: {report.failed}")
@@ -318,6 +321,8 @@ def _command(args) -> str:
     import shlex
 
     parts = ["cagkit", "bench", "--model", args.model, "--sizes", args.sizes, "--repeats", str(args.repeats)]
+    if args.dtype != "float16":
+        parts += ["--dtype", args.dtype]
     for option in ("text", "store", "out", "threads", "device"):
         if getattr(args, option, None):
             parts += [f"--{option}", str(getattr(args, option))]

@@ -36,6 +36,12 @@ def test_bench_on_a_tiny_model_writes_results_table_and_page(tiny_llama, tmp_pat
     assert main(args) == 0
     assert capsys.readouterr().out.count("measured already, skipped") == 2
     assert main(["bench", "--model", "tiny-llama", "--out", str(out), "--replot", "--plot", "", "--report", ""]) == 0
+    # the same from an int4 store: its own store and file, a quarter of the KV bytes or so
+    small = tmp_path / "r" / "bench-int4.json"
+    assert main([*args[:args.index("--out")], "--out", str(small), "--plot", "", "--report", "", "--dtype", "int4",
+                 "--sizes", "96", "--store", str(tmp_path / "st4")]) == 0
+    (row,) = json.loads(small.read_text())["rows"]
+    assert row["store_dtype"] == "int4" and row["store_kv_bytes"] < 0.6 * result["rows"][1]["store_kv_bytes"]
 
 
 @pytest.mark.parametrize("extra,words", [
