@@ -59,7 +59,7 @@ DOCUMENT_BUDGET = 32768
 # `cagkit eval`: the methods compared when none are named, and the longest answer (QA answers are short spans)
 DEFAULT_EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 24
-BLEND_SELECT = ("question", "deviation")
+BLEND_SELECT = ("question", "deviation", "initial")
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,9 @@ class Placement:
         retrieved chunks (`cagkit.kv.repair`), after prefilling its bottom two layers over them jointly; it restores
         the cross-chunk attention that chunks stored one at a time never had. 0 = off, 1 = a joint prefill.
     blend_select: which tokens `blend` recomputes: `question` (whole sentences, most similar to the question
-        first) or `deviation` (those whose layer-1 KV differs most from the joint prefill, as CacheBlend).
+        first), `deviation` (those whose layer-1 KV differs most from the joint prefill, as CacheBlend) or
+        `initial` (the first tokens of every piece prefilled apart, as many from each: EPIC's fix for the attention
+        sink each piece kept at its own start).
 
     The defaults (15% of the tokens, chosen by the question) are what the measurements in docs/placement.md
     support for question answering: without them translated chunks carry the gist but not the exact spans.
@@ -112,7 +114,8 @@ class Placement:
         if self.recompute_layers:
             parts.append(f"recompute layers {self.recompute_layers}")
         if self.blend:
-            parts.append(f"blend {self.blend:g}" + (" by question" if self.blend_select == "question" else ""))
+            parts.append(f"blend {self.blend:g}" + {"question": " by question",
+                                                     "initial": " at each piece's start"}.get(self.blend_select, ""))
         return "".join(f", {p}" for p in parts)
 
     def inert_fields(self) -> tuple[str, ...]:
