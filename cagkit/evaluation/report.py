@@ -329,7 +329,7 @@ def compare(specs: list[str]) -> list[dict]:
                               f"compare runs over the same data")
         scores = run["methods"][method]
         row = {"file": str(path), "method": method, "target": run["target"],
-               "placement": _method_placement(run, scores),
+               "placement": _method_placement(run, scores, method),
                "n": scores.get("n"), "quality": _quality(scores, closed_set), "ratio": None,
                "difference": None}
         if rows:
@@ -362,9 +362,11 @@ def _placement_label(settings: dict) -> str:
     return retrieval + (Placement.from_settings(settings).describe() or ", as stored")
 
 
-def _method_placement(run: dict, scores: dict) -> str:
+def _method_placement(run: dict, scores: dict, method: str = "") -> str:
     """`_placement_label` of how one method placed the context: the run's, unless the method records its own
-    (`mot-placed` never blends; a method may name its own scope, as `native@chunks`)."""
+    (`mot-placed` never blends; a method may name its own scope, as `native@chunks`); `none` reads no context."""
+    if method.split("@")[0] == "none":
+        return "no context"
     own = {"scope": scores["scope"]} if scores.get("scope") else {}
     return _placement_label({**(run.get("settings") or {}), **(scores.get("placement") or {}), **own})
 
@@ -513,7 +515,7 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
         for method in read:
             scores = run["methods"][method]
             entry = {"results": str(path), "data": Path(run["dataset"]).name, "method": method,
-                     "placement": _method_placement(run, scores),
+                     "placement": _method_placement(run, scores, method),
                      "questions": scores.get("n"), "accuracy" if closed_set else "f1": _quality(scores, closed_set),
                      "ttft_ms_median": scores.get("ttft_ms_median"), "against": {}}
             for control in ("select", "none"):
