@@ -175,7 +175,9 @@ def _data_label(run: dict) -> str:
     chunks = "" if settings.get("full_context") or top_k == DEFAULT_TOP_K else f", top-{top_k}"
     named = f", {mode} retrieval" if (mode := _named_retrieval(settings)) else ""
     scope = f", scope {settings['scope']}" if settings.get("scope", "chunks") != "chunks" else ""
-    return Path(run["dataset"]).name + chunks + named + scope + Placement.from_settings(settings).describe()
+    dtype = f", {settings['store_dtype']} KV" if settings.get("store_dtype", "float16") != "float16" else ""
+    return (Path(run["dataset"]).name + chunks + named + scope + dtype
+            + Placement.from_settings(settings).describe())
 
 
 def _named_retrieval(settings: dict) -> str | None:
