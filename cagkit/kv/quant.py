@@ -13,7 +13,9 @@ same safetensors file as the codes, under the chunk's own names, so the chunk's 
     {i}.values        uint8, as keys
     {i}.values.scale  float16 [L, T, H, D/VALUE_GROUP]
     {i}.values.min    float16, as values.scale
-    {i}.quant         int32 [bits, key group, value group]
+    {i}.quant         int32 [bits, key group, value group, key width, value width]
+
+An odd head width is padded by one channel (a copy of the last) for int4's packing and cut back as it is read.
 
 With groups of 64 a value costs bits/8 + 4/64 bytes: int8 0.53x and int4 0.28x of float16's 2 bytes.
 `dequantize` gives float32, the dtype the target's cache takes on CPU, in one pass as the KV is placed.
@@ -48,8 +50,8 @@ def quantize(keys, values, dtype: str) -> dict:
     import torch
 
     bits = QUANT_BITS[dtype]
-    if keys.shape[-1] % 2 or values.shape[-1] % 2:
-        raise ValueError(f"head width {keys.shape[-1]} is odd; int4 packs two channels a byte")
+    widths = [keys.shape[-1], values.shape[-1]]
+    keys, values = _even(keys, bits), _even(values, bits)
     L, T, H, D = keys.shape
     groups = max(1, math.ceil(T / KEY_GROUP))
     k = keys.to(device="cpu", dtype=torch.float32)
@@ -65,13 +67,14 @@ def quantize(keys, values, dtype: str) -> dict:
     v_codes = v_codes.reshape(values.shape)
     return {"keys": _pack(k_codes, bits), "keys.scale": k_scale.squeeze(2), "keys.min": k_min.squeeze(2),
             "values": _pack(v_codes, bits), "values.scale": v_scale.squeeze(-1), "values.min": v_min.squeeze(-1),
-            "quant": torch.tensor([bits, KEY_GROUP, vg], dtype=torch.int32)}
+            "quant": torch.tensor([bits, KEY_GROUP, vg, *widths], dtype=torch.int32)}
 
 
 def dequantize(t: dict) -> tuple:
     """(keys, values) float32 [L, T, H, D] from a chunk's tensors as `quantize` names them: the codes widened
     once, then scaled and shifted in place through broadcast views (no scale is repeated per token)."""
-    bits, key_group, value_group = (int(x) for x in t["quant"].tolist())
+    bits, key_group, value_group, *widths = (int(x) for x in t["quant"].tolist())
+    key_width, value_width = widths or (None, None)  # files written before odd widths were padded name none
     keys = _unpack(t["keys"], bits).float()
     T = keys.shape[1]
     scale, low = t["keys.scale"].float().unsqueeze(2), t["keys.min"].float().unsqueeze(2)
@@ -84,7 +87,16 @@ def dequantize(t: dict) -> tuple:
     values = _unpack(t["values"], bits).float()
     grouped = values.unflatten(-1, (values.shape[-1] // value_group, value_group))
     grouped.mul_(t["values.scale"].float().unsqueeze(-1)).add_(t["values.min"].float().unsqueeze(-1))
-    return keys, values
+    return keys[..., :key_width], values[..., :value_width]
+
+
+def _even(x, bits: int):
+    """`x` with its last dimension made even for int4's packing (the last channel repeated); as it is otherwise."""
+    import torch
+
+    if bits == 8 or x.shape[-1] % 2 == 0:
+        return x
+    return torch.cat([x, x[..., -1:]], dim=-1)
 
 
 def _codes(x, dim: int, bits: int):
