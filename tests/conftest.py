@@ -96,6 +96,15 @@ def s3(tmp_path_factory, monkeypatch_session):
     server.stop()
 
 
+@pytest.fixture(params=["sqlite", "lance"])
+def manifest(request) -> str:
+    """Each kind of store in turn, as `ingest(..., manifest=)` and `Store.open_for_writing(..., manifest=)` name
+    it: a store test that takes this runs over both kinds (LanceDB's needs `lancedb`)."""
+    if request.param == "lance":
+        pytest.importorskip("lancedb")
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def monkeypatch_session():
     with pytest.MonkeyPatch.context() as mp:

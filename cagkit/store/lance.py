@@ -1,8 +1,8 @@
 """A store whose manifest and search index are LanceDB tables, on local disk or on any S3-compatible service.
 
-`Store.open` and `Store.open_for_writing` return one for a URL (`s3://bucket/prefix`) or a local folder that
-holds one; `cagkit store migrate` copies a store of the default kind (SQLite, one machine) into one. It offers
-what `Store` does (documents, search, `load_chunk`, verify, the writer), so ingest, ask, eval and serve use it
+`open_store` (and `Store.open`, `Store.open_for_writing`) return one for a URL (`s3://bucket/prefix`) or a local
+folder that holds one; `cagkit store migrate` copies a store of the default kind (SQLite, one machine) into one.
+It offers what `Store` does (documents, search, `load_chunk`, verify, the writer), so ingest, ask, eval and serve use it
 unchanged, and it differs where being shared demands:
 
     settings.json                  what the store was built with (as the SQLite store's settings table)
@@ -65,26 +65,29 @@ import numpy as np
 
 from cagkit.errors import StoreError
 from cagkit.files import atomic_write, write_json_atomic
-from cagkit.store.kvfile import KVFile, chunk_checksums
-from cagkit.store.store import (
-    _CHUNK_TENSORS,
+from cagkit.store.base import (
+    CHUNK_TENSORS,
     FORMAT_VERSION,
+    BaseDocumentWriter,
     ChunkGoneError,
-    DamagedChunkError,
     Document,
     Hit,
     NewChunk,
     Store,
     StoredChunk,
     StoreSettings,
-    _check_compatible,
-    _gone,
+    check_compatible,
+    check_store_folder,
+    chunk_gone,
     chunk_problems,
-    chunk_tensors,
-    summary_of,
+    is_url,
+    no_documents,
+    rank_chunks,
     read_chunk,
     read_chunks,
+    settings_from,
 )
+from cagkit.store.kvfile import KVFile, chunk_checksums
 
 SETTINGS_FILE = "settings.json"
 MANIFEST = "manifest"  # the LanceDB database
@@ -99,12 +102,6 @@ REMOTE_TIMEOUT_S = 30  # each S3 request's timeout, seconds ($CAGKIT_S3_TIMEOUT)
 REMOTE_ATTEMPTS = 3  # each S3 request's attempts in all, the first included ($CAGKIT_S3_ATTEMPTS)
 STAGING_PREFIX = "ingest-"  # tables `cagkit ingest --ray` stages rows in: ingest-<unix time>-<random>
 _KV_NAME = re.compile(r"[0-9a-f]{64}\.safetensors")
-
-
-def is_url(location: str | Path) -> bool:
-    """Whether `location` names a store by URL (`s3://...`) rather than a local path."""
-    return isinstance(location, str) and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", location) is not None \
-        and not location.startswith("file://")
 
 
 def is_lance_store(location: str | Path) -> bool:
@@ -307,6 +304,23 @@ class LanceStore(Store):
     # -- opening -------------------------------------------------------------------------------------------
 
     @classmethod
+    def is_at(cls, location: str | Path) -> bool:
+        if is_url(location):
+            try:
+                return _read_settings(_locate(location)) is not None
+            except StoreError:
+                return False
+        return is_lance_store(location)
+
+    @classmethod
+    def takes(cls, location: str | Path) -> bool:
+        return is_lance_store(location)
+
+    @classmethod
+    def check_folder(cls, path: Path) -> None:
+        check_store_folder(path, SETTINGS_FILE)
+
+    @classmethod
     def open(cls, location: str | Path) -> "LanceStore":
         loc = _locate(location)
         settings = _read_settings(loc)
@@ -322,12 +336,12 @@ class LanceStore(Store):
         (`wait` is accepted for `Store`'s sake: there is nothing to wait for)."""
         loc = _locate(location)
         if not loc.remote:
-            _check_local_folder(Path(loc.root))
+            cls.check_folder(Path(loc.root))
         existing = _read_settings(loc)
         if existing is None:
             _write_settings(loc, settings)
             existing = _read_settings(loc) or settings  # a writer that created it first decides
-        _check_compatible(loc.url, existing, settings)
+        check_compatible(loc.url, existing, settings)
         store = cls(loc, _open_table(loc), existing, writable=True)
         store._upgrade(store._table)
         store.removed = store.remove_orphans(orphan_grace_s)
@@ -431,9 +445,6 @@ class LanceStore(Store):
         rows = self._rows(["idx", "kv_file"], f"doc_path = {_quote(doc.path)}").to_pylist()
         return list(dict.fromkeys(r["kv_file"] for r in sorted(rows, key=lambda r: r["idx"])))
 
-    def is_intact(self, doc: Document, checksums: bool = False) -> bool:
-        return not self.check_document(doc, checksums)
-
     def check_document(self, doc: Document, checksums: bool = True) -> list[str]:
         rows = sorted(self._rows(["idx", "kv_file", "checksum"], f"doc_path = {_quote(doc.path)}").to_pylist(),
                       key=lambda r: r["idx"])
@@ -446,12 +457,6 @@ class LanceStore(Store):
 
     def document_writer(self, path: str, sha256: str, metadata: dict | None = None) -> "LanceDocumentWriter":
         return LanceDocumentWriter(self, path, sha256, metadata)
-
-    def write_document(self, path: str, sha256: str, chunks: list[NewChunk], embeddings: np.ndarray,
-                       metadata: dict | None = None) -> None:
-        with self.document_writer(path, sha256, metadata) as writer:
-            writer.add(chunks, embeddings)
-            writer.commit()
 
     def remove_document(self, path: str) -> None:
         """Drop one document's rows (one commit); its KV files go once they are orphans past the grace period."""
@@ -485,16 +490,14 @@ class LanceStore(Store):
             listing[name] = {"size": entry.get("size") or 0, "modified": float(modified)}
         return listing
 
-    @_one_version
-    def summary(self, checksums: bool = True) -> dict:
-        sizes = {name: e["size"] for name, e in self._kv_listing().items()}
-        documents = []
-        for doc in self.documents():
-            documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
-                              "kv_bytes": sum(sizes.get(f, 0) for f in self.kv_files(doc)),
-                              "state": "ok" if self.is_intact(doc, checksums) else "damaged",
-                              "prefill": doc.prefill, "window": doc.window, "metadata": doc.metadata})
-        return summary_of(self.path, self.settings, documents, sum(sizes.values()))
+    summary = _one_version(Store.summary)
+
+    def _kv_sizes(self) -> dict[str, int]:
+        return {name: e["size"] for name, e in self._kv_listing().items()}
+
+    def _stored_bytes(self, documents: list[dict], sizes: dict[str, int]) -> int:
+        """Its KV files (the manifest's tables are not counted)."""
+        return sum(sizes.values())
 
     @_one_version
     def verify(self) -> dict:
@@ -505,17 +508,11 @@ class LanceStore(Store):
             manifest = "ok"
         except StoreError as exc:
             manifest = str(exc)
-        documents = []
-        for doc in self.documents() if manifest == "ok" else []:
-            problems = self.check_document(doc)
-            documents.append({"path": doc.path, "state": "damaged" if problems else "ok", "problems": problems})
+        documents = self.documents() if manifest == "ok" else []
         referenced = set(self._rows(["kv_file"]).column("kv_file").to_pylist()) if manifest == "ok" else set()
         on_disk = set(self._kv_listing())
         ours = {n for n in on_disk if _KV_NAME.fullmatch(n)}
-        damaged = [d["path"] for d in documents if d["state"] != "ok"]
-        return {"store": self.path, "ok": manifest == "ok" and not damaged, "manifest": manifest,
-                "documents": documents, "damaged": damaged, "orphans": sorted(ours - referenced),
-                "missing": sorted(referenced - on_disk), "foreign": sorted(on_disk - ours)}
+        return self._verified(manifest, documents, referenced, on_disk, ours - referenced, on_disk - ours)
 
     def remove_orphans(self, older_than_s: float = ORPHAN_GRACE_S) -> list[str]:
         """Delete the KV files no row uses that were written more than `older_than_s` seconds ago; only files
@@ -561,7 +558,7 @@ class LanceStore(Store):
         check_retrieval(retrieval)
         table = self._fresh()
         if table is None or table.count_rows() == 0:
-            raise StoreError(f"store {self.path} holds no documents; add some with `cagkit ingest DOCS --store {self.path}`")
+            raise no_documents(self.path)
         query = np.asarray(query, dtype=np.float32)
         columns = ["chunk_id", "doc_path", "idx", "text", "doc_metadata", "vector"]
         if documents is not None:
@@ -573,11 +570,8 @@ class LanceStore(Store):
             if rows.num_rows == 0:
                 return []
             vectors = np.stack(rows.column("vector").to_numpy(zero_copy_only=False))
-            dense = vectors @ query
-            lexical = None
-            if retrieval != "dense" and text is not None:
-                lexical = LexicalIndex(rows.column("text").to_pylist()).scores(text)
-            best, scores = rank(dense, lexical, retrieval, top_k)
+            best, scores = rank_chunks(vectors, query, text, retrieval, top_k,
+                                       lambda: LexicalIndex(rows.column("text").to_pylist()))
             return [_hit(rows, int(i), float(s)) for i, s in zip(best, scores)]
         want = max(CANDIDATES, 10 * top_k)
         lists = []
@@ -624,12 +618,6 @@ class LanceStore(Store):
             raise ChunkGoneError(f"chunk {missing[0]} is no longer in store {self.path}; try again")
         return [found[i] for i in chunk_ids]
 
-    def load_chunk(self, chunk_id: int) -> StoredChunk:
-        result = self.load_chunks([chunk_id])[0]
-        if isinstance(result, StoreError):
-            raise result
-        return result
-
     def load_chunks(self, chunk_ids: list[int]) -> list[StoredChunk | StoreError]:
         """`Store.load_chunks` from one version of the manifest (one query), the KV files read side by side: on
         object storage each read is a request, and a question's chunks would otherwise wait for each other."""
@@ -654,7 +642,7 @@ class LanceStore(Store):
             with ThreadPoolExecutor(max_workers=min(len(files), PARALLEL_READS)) as pool:
                 results = list(pool.map(read, files))
         found = {entry[0]: result for f, got in zip(files, results) for entry, result in zip(by_file[f], got)}
-        return [found.get(i) or _gone(i, self.path) for i in ids]
+        return [found.get(i) or chunk_gone(i, self.path) for i in ids]
 
     # -- writing -------------------------------------------------------------------------------------------
 
@@ -666,8 +654,8 @@ class LanceStore(Store):
         indices = range(first, first + count)
         target = self._loc.path("kv", name)
         data = save(tensors, metadata=meta)
-        want = chunk_checksums(data, indices, _CHUNK_TENSORS)
-        if chunk_checksums(target, indices, _CHUNK_TENSORS, self._fs) != want:
+        want = chunk_checksums(data, indices, CHUNK_TENSORS)
+        if chunk_checksums(target, indices, CHUNK_TENSORS, self._fs) != want:
             try:
                 if self._loc.remote:
                     self._loc.fs.pipe_file(target, data)  # one PUT: all of the file or nothing
@@ -677,7 +665,7 @@ class LanceStore(Store):
                         tmp.write_bytes(data)
             except Exception as exc:  # noqa: BLE001
                 raise self._loc.error(exc, "write to") from None
-            if chunk_checksums(target, indices, _CHUNK_TENSORS, self._fs) != want:
+            if chunk_checksums(target, indices, CHUNK_TENSORS, self._fs) != want:
                 raise StoreError(f"KV file {target} does not read back as written; check store {self.path}")
         return want
 
@@ -808,7 +796,7 @@ class LanceStore(Store):
                           f"searches stay correct, and the next ingest updates it", stacklevel=2)
 
 
-class LanceDocumentWriter:
+class LanceDocumentWriter(BaseDocumentWriter):
     """`DocumentWriter` for a `LanceStore`: each `add` writes one content-addressed KV file, `commit` records every
     chunk of the document in one commit. Without `commit` nothing is recorded; the files written become orphans.
 
@@ -817,35 +805,13 @@ class LanceDocumentWriter:
 
     def __init__(self, store: LanceStore, path: str, sha256: str, metadata: dict | None = None):
         store._require_writable()
-        self.store = store
-        self.path = path
-        self.sha256 = sha256
-        self.metadata = metadata
-        self._rows: list[dict] = []
+        super().__init__(store, path, sha256, metadata)
         self._parts: list[str] = []  # the KV file of each part added, in order
-        self._committed = False
-        self.prefill, self.window = "chunks", None
 
     def _name(self, token_ids: list[list[int]], contexts: list[tuple[int, ...] | None]) -> str:
         """The next part's KV file name: a document prefilled whole chains it to the part before."""
         return kv_file_name(self.store.settings, len(self._rows), token_ids, contexts,
                             before=self._parts[-1] if self._parts else None)
-
-    def _begin_part(self, chunks: list[NewChunk]) -> None:
-        if self._rows:
-            return
-        context = chunks[0].context
-        self.prefill, self.window = ("document", int(context[2])) if context is not None else ("chunks", None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
-
-    @property
-    def chunks(self) -> int:
-        return len(self._rows)
 
     @property
     def rows(self) -> list[dict]:
@@ -860,7 +826,7 @@ class LanceDocumentWriter:
         rename, or one PUT), so a complete file is what a writer wrote."""
         first = len(self._rows)
         contexts = contexts if contexts is not None else [None] * len(token_ids)
-        required = _CHUNK_TENSORS + (("context",) if any(c is not None for c in contexts) else ())
+        required = CHUNK_TENSORS + (("context",) if any(c is not None for c in contexts) else ())
         sums = chunk_checksums(self.store._loc.path("kv", self._name(token_ids, contexts)),
                                range(first, first + len(token_ids)), required, self.store._fs)
         return None if any(v is None for v in sums.values()) else sums
@@ -869,11 +835,8 @@ class LanceDocumentWriter:
         """Add the next part from a KV file `stored` found (`chunks` need no KV, but their context if they have
         one). A document prefilled whole reads on with `stored_kv`: the parts after this one attend to it."""
         self._begin_part(chunks)
-        first = len(self._rows)
         name = self._name([c.token_ids for c in chunks], [c.context for c in chunks])
-        self._rows += [chunk_row(c, i, np.asarray(embeddings[i - first]), name, sums[i])
-                       for i, c in enumerate(chunks, start=first)]
-        self._parts.append(name)
+        self._add_rows(chunks, embeddings, len(self._rows), name, sums)
 
     def stored_kv(self):
         """The RoPE-free KV [L, T, H, D] of the part added last, its chunks one after the other, read back from its
@@ -893,18 +856,12 @@ class LanceDocumentWriter:
                              r["checksum"]).kv for r in rows]
         return ChunkKV(torch.cat([c.keys for c in chunks], 1), torch.cat([c.values for c in chunks], 1))
 
-    def add(self, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
-        if not chunks:
-            return
-        st = self.store
-        self._begin_part(chunks)
-        first = len(self._rows)
-        tensors = chunk_tensors(chunks, first, st.settings.dtype)
+    def _write_part(self, chunks: list[NewChunk], tensors: dict, first: int) -> tuple[str, dict[int, str]]:
         name = self._name([c.token_ids for c in chunks], [c.context for c in chunks])
-        meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": st.settings.source_fingerprint,
-                "dtype": st.settings.dtype, "first_chunk": str(first)}
-        sums = st._put_kv(name, tensors, meta, first, len(chunks))
-        del tensors
+        return name, self.store._put_kv(name, tensors, self._file_metadata(first), first, len(chunks))
+
+    def _add_rows(self, chunks: list[NewChunk], embeddings: np.ndarray, first: int, name: str,
+                  sums: dict[int, str]) -> None:
         self._rows += [chunk_row(c, i, np.asarray(embeddings[i - first]), name, sums[i])
                        for i, c in enumerate(chunks, start=first)]
         self._parts.append(name)
@@ -920,8 +877,6 @@ def migrate(source: str | Path, target: str | Path, progress=None) -> dict:
     document with its KV as stored (no model runs), a KV file per part of the source's. `source` is only read.
     Documents `target` already holds unchanged are skipped, so an interrupted copy resumes. Returns the paths
     `copied`, `unchanged`, and `damaged` (left out: repair the source and migrate again)."""
-    from cagkit.store.store import Store
-
     done = {"copied": [], "unchanged": [], "damaged": []}
     with Store.open(source) as src:
         if isinstance(src, LanceStore):
@@ -1082,15 +1037,13 @@ def _read_settings(loc: _Location) -> StoreSettings | None:
         return None
     except Exception as exc:  # noqa: BLE001
         raise loc.error(exc, "open") from None
+    damaged = StoreError(f"store {loc.url}: {SETTINGS_FILE} is damaged; move the store aside and re-run "
+                         f"`cagkit ingest DOCS --store {loc.url}`")
     try:
         values = json.loads(raw)
-        if values.get("format_version") != FORMAT_VERSION:
-            raise StoreError(f"store {loc.url} has format version {values.get('format_version')}, this cagkit reads "
-                             f"{FORMAT_VERSION}; ingest the documents into a new store")
-        return StoreSettings(**values)
-    except (ValueError, TypeError, AttributeError):
-        raise StoreError(f"store {loc.url}: {SETTINGS_FILE} is damaged; move the store aside and re-run "
-                         f"`cagkit ingest DOCS --store {loc.url}`") from None
+    except ValueError:
+        raise damaged from None
+    return settings_from(values, loc.url, damaged)
 
 
 def _no_such_bucket(exc: FileNotFoundError) -> bool:
@@ -1108,14 +1061,3 @@ def _write_settings(loc: _Location, settings: StoreSettings) -> None:
             write_json_atomic(Path(loc.root) / SETTINGS_FILE, settings.__dict__)
     except Exception as exc:  # noqa: BLE001
         raise loc.error(exc, "write to") from None
-
-
-def _check_local_folder(path: Path) -> None:
-    if path.exists() and not path.is_dir():
-        raise StoreError(f"store {path} is a file, not a folder; give a new folder or a cagkit store's folder as --store")
-    if not path.is_dir() or (path / SETTINGS_FILE).exists():
-        return
-    others = sorted(p.name for p in path.iterdir())
-    if others:
-        raise StoreError(f"{path} is not empty and is not a cagkit store (no {SETTINGS_FILE}); give a new or empty "
-                         f"folder as --store, or the folder of an existing store")

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cagkit.store.base import CHUNK_TENSORS, sentence_tensors
+
 Migration = Callable[[Path, sqlite3.Connection], list[str]]
 
 
@@ -78,7 +80,6 @@ def m003_chunk_files_and_checksums(path: Path, conn: sqlite3.Connection) -> list
     reports its document damaged and the next ingest or `store repair` rebuilds it. Files two documents with the
     same text shared stay shared: a file is deleted only once no chunk is in it. No KV file is rewritten."""
     from cagkit.store.kvfile import chunk_checksums
-    from cagkit.store.store import _CHUNK_TENSORS
 
     columns = {r[1] for r in conn.execute("PRAGMA table_info(chunks)").fetchall()}
     with conn:
@@ -95,7 +96,7 @@ def m003_chunk_files_and_checksums(path: Path, conn: sqlite3.Connection) -> list
     for (name,) in conn.execute("SELECT DISTINCT kv_file FROM chunks WHERE checksum IS NULL").fetchall():
         indices = [r[0] for r in conn.execute("SELECT DISTINCT idx FROM chunks WHERE kv_file = ? AND checksum IS NULL",
                                               (name,)).fetchall()]
-        sums = chunk_checksums(path / "kv" / name, indices, _CHUNK_TENSORS)
+        sums = chunk_checksums(path / "kv" / name, indices, CHUNK_TENSORS)
         with conn:
             conn.executemany("UPDATE chunks SET checksum = ? WHERE kv_file = ? AND idx = ? AND checksum IS NULL",
                              [(sums[i], name, i) for i in indices if sums[i] is not None])
@@ -125,15 +126,6 @@ def m005_compressed_kv(path: Path, conn: sqlite3.Connection) -> list[str]:
 
 MIGRATIONS: list[Migration] = [m001_create_tables, m002_sentence_embeddings, m003_chunk_files_and_checksums,
                                m004_document_prefill, m005_compressed_kv]
-
-
-def sentence_tensors(index: int, sentences: tuple) -> dict:
-    """The KV-file tensors of chunk `index`'s sentence spans [S, 2] int32 and embeddings [S, E] float16."""
-    import torch
-
-    spans, vectors = sentences
-    return {f"{index}.sentences": torch.as_tensor(spans, dtype=torch.int32).reshape(-1, 2),
-            f"{index}.sentence_embeddings": torch.as_tensor(vectors).to(torch.float16)}
 
 
 def pending(conn: sqlite3.Connection, store: Path) -> list[Migration]:

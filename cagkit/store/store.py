@@ -1,4 +1,6 @@
-"""The persistent KV store: safetensors files of chunk KV, an SQLite manifest for everything else.
+"""The SQLite kind of store (`SQLiteStore`, the default): safetensors files of chunk KV, an SQLite manifest for
+everything else. What it shares with the LanceDB kind (`cagkit.store.lance`) lives in `cagkit.store.base` (the
+`Store` interface, `open_store`, chunks and their checks); those names are importable from here as well.
 
 Layout of a store directory:
 
@@ -31,6 +33,7 @@ is opened for writing. Each chunk's checksum is verified as it is loaded (`load_
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import re
 import secrets
@@ -38,63 +41,48 @@ import sqlite3
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
 import numpy as np
 
-from cagkit.config import KV_DTYPES
 from cagkit.errors import StoreError
 from cagkit.files import is_temporary, save_safetensors
 from cagkit.store import migrations
+from cagkit.store.base import (  # noqa: F401 - the shared names, also importable from here as they always were
+    CHUNK_TENSORS,
+    FORMAT_VERSION,
+    MANIFESTS,
+    BaseDocumentWriter,
+    ChunkGoneError,
+    DamagedChunkError,
+    DamagedManifestError,
+    Document,
+    Hit,
+    NewChunk,
+    Store,
+    StoreBusyError,
+    StoredChunk,
+    StoreSettings,
+    check_compatible,
+    check_dtype,
+    check_location,
+    check_store_folder,
+    chunk_gone,
+    chunk_problems,
+    chunk_tensors,
+    is_store,
+    is_url,
+    no_documents,
+    open_store,
+    rank_chunks,
+    read_chunk,
+    read_chunks,
+    settings_from,
+    summary_of,
+)
 from cagkit.store.kvfile import DamagedFile, KVFile, chunk_checksums, to_torch
-
-if TYPE_CHECKING:  # PyTorch is imported where KV is read or written, so `cagkit store info` starts at once
-    import torch
-
-    from cagkit.kv.chunk import ChunkKV
-
-FORMAT_VERSION = 1
-MANIFESTS = ("sqlite", "lance")  # what a store's manifest is: SQLite (one machine) or LanceDB (local or s3://)
-_CHUNK_TENSORS = ("keys", "values", "token_ids", "offsets")  # every chunk has these; sentences need an embedder
-
-
-@dataclass(frozen=True)
-class StoreSettings:
-    """What a store was built with; all of it must match to add to the store."""
-
-    source: str  # the source model's name, for people and translator lookup
-    source_fingerprint: str
-    dtype: str
-    chunk_tokens: int
-    embedder: str
-    format_version: int = FORMAT_VERSION
-
-
-@dataclass(frozen=True)
-class Document:
-    id: int
-    path: str
-    sha256: str
-    kv_file: str
-    n_chunks: int
-    n_tokens: int
-    metadata: dict = field(default_factory=dict)  # the caller's, e.g. a LlamaIndex Document's metadata
-    prefill: str = "chunks"  # `document`: read whole, causally (each chunk's KV its slice); `chunks`: each alone
-    window: int | None = None  # with `document`: the tokens one token attended over at most
-
-
-@dataclass(frozen=True)
-class Hit:
-    """A retrieved chunk."""
-
-    chunk_id: int
-    doc_path: str
-    idx: int
-    text: str
-    score: float
-    metadata: dict = field(default_factory=dict)  # its document's metadata
 
 
 @dataclass
@@ -106,118 +94,6 @@ class _SearchIndex:
     paths: np.ndarray  # [N] each chunk's document path (or id)
     texts: list[str] | None = None  # read on the first lexical or hybrid search, which needs them
     lexical: object = None  # the `cagkit.retrieval.LexicalIndex` of `texts`, built on the first such search
-
-
-@dataclass
-class StoredChunk:
-    """A chunk's text and its source-model KV, as loaded from the store."""
-
-    chunk_id: int
-    doc_path: str
-    idx: int
-    text: str
-    token_ids: list[int]
-    offsets: torch.Tensor  # [T, 2] char spans of each source token in `text`
-    kv: ChunkKV
-    # its sentences' char spans [S, 2] and unit embeddings [S, E]; None in a store written without an embedder
-    sentences: tuple[np.ndarray, np.ndarray] | None = None
-    # how it was prefilled: (first token's index in the document, prefix tokens, window, sink) when its document
-    # was read whole (`NewChunk.context`), None when it was prefilled alone
-    context: tuple[int, int, int, int] | None = None
-
-    @property
-    def position(self) -> int | None:
-        """Its first token's index among its document's tokens; None for a chunk prefilled alone."""
-        return self.context[0] if self.context is not None else None
-
-
-@dataclass
-class NewChunk:
-    """A chunk ready to be written: its text, where it sits in the document, and its KV."""
-
-    text: str
-    char_start: int
-    char_end: int
-    token_ids: list[int]
-    offsets: list[tuple[int, int]]
-    kv: ChunkKV
-    sentences: tuple[np.ndarray, np.ndarray] | None = None  # sentence char spans [S, 2], embeddings [S, E]
-    # with document prefill: (first token's index in the document, prefix tokens, window, sink); None: alone
-    context: tuple[int, int, int, int] | None = None
-
-
-class DamagedManifestError(StoreError):
-    """A store whose manifest SQLite cannot read."""
-
-
-class ChunkGoneError(StoreError):
-    """A chunk a search returned whose document another writer replaced or removed before the chunk was read."""
-
-
-class StoreBusyError(StoreError):
-    """A store that another process is writing, opened for writing without `wait`."""
-
-
-class DamagedChunkError(StoreError):
-    """A stored chunk whose KV file is missing, does not parse, or does not match the checksum recorded for it."""
-
-    def __init__(self, message: str, doc_path: str, idx: int):
-        super().__init__(message)
-        self.doc_path = doc_path
-        self.idx = idx
-
-
-class Store:
-    """A store of chunk KV caches, opened with `Store.open` (read) or `Store.open_for_writing`. Each returns one of
-    the two kinds, which answer the same methods: `SQLiteStore` (a local folder with an SQLite manifest, one
-    writer at a time) or `cagkit.store.lance.LanceStore` (a URL such as `s3://bucket/prefix`, or a local folder
-    with a LanceDB manifest; several writers at once)."""
-
-    kind: str
-
-    @staticmethod
-    def open(path: str | Path) -> "Store":
-        """Open an existing store for reading; a missing or foreign location is a StoreError."""
-        from cagkit.store import lance
-
-        return lance.LanceStore.open(path) if lance.is_lance_store(path) else SQLiteStore.open(path)
-
-    @staticmethod
-    def open_for_writing(path: str | Path, settings: StoreSettings, wait: bool = False,
-                         manifest: str = "sqlite") -> "Store":
-        """Create the store, or open it after checking it was built with the same `settings`. A URL, a local
-        LanceDB store, or a new local store with `manifest="lance"` opens a LanceDB store; a local folder otherwise
-        an SQLite one (`wait`: wait for its writer, if another process has one)."""
-        from cagkit.store import lance
-
-        if manifest not in MANIFESTS:
-            raise StoreError(f"manifest must be one of {', '.join(MANIFESTS)}, got {manifest!r}")
-        if lance.is_lance_store(path) or (manifest == "lance" and not is_store(path)):
-            return lance.LanceStore.open_for_writing(path, settings, wait=wait)
-        return SQLiteStore.open_for_writing(path, settings, wait=wait)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def load_chunk(self, chunk_id: int) -> StoredChunk:
-        raise NotImplementedError
-
-    def load_chunks(self, chunk_ids: list[int]) -> list[StoredChunk | StoreError]:
-        """`load_chunk` of each id, in order, with the error in place of a chunk that cannot be read (a
-        `DamagedChunkError`, or a `ChunkGoneError` when its document was replaced since the id was found)."""
-        out: list[StoredChunk | StoreError] = []
-        for chunk_id in chunk_ids:
-            try:
-                out.append(self.load_chunk(chunk_id))
-            except (DamagedChunkError, ChunkGoneError) as exc:
-                out.append(exc)
-        return out
 
 
 class SQLiteStore(Store):
@@ -235,6 +111,16 @@ class SQLiteStore(Store):
         self.removed: list[str] = []  # leftover KV files of cagkit's own removed as this opened it for writing
 
     # -- opening -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def is_at(cls, location: str | Path) -> bool:
+        return not is_url(location) and (Path(location) / "manifest.sqlite").exists()
+
+    @classmethod
+    def check_folder(cls, path: Path) -> None:
+        """Refuse a --store that is a file, or a folder with other things in it that is not a store (a writer
+        that was interrupted before its first commit leaves an empty kv/ and its lock)."""
+        check_store_folder(path, "manifest.sqlite", own=("kv", "write.lock"))
 
     @classmethod
     def open(cls, path: str | Path) -> "SQLiteStore":
@@ -260,7 +146,7 @@ class SQLiteStore(Store):
         A folder that is neither a store (it has no manifest) nor new or empty is refused: cagkit writes only into
         folders that are its own."""
         path = Path(path)
-        _check_store_folder(path)
+        cls.check_folder(path)
         try:
             (path / "kv").mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -283,7 +169,7 @@ class SQLiteStore(Store):
                         [(k, json.dumps(v)) for k, v in settings.__dict__.items()],
                     )
             else:
-                _check_compatible(path, existing, settings)
+                check_compatible(path, existing, settings)
             store = cls(path, conn, existing or settings)
             store._lock = lock
             store.upgraded = upgraded
@@ -319,18 +205,10 @@ class SQLiteStore(Store):
         return self._conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
 
     def kv_files(self, doc: Document) -> list[str]:
-        """The names of the KV files (in `kv/`) that hold `doc`'s chunks, in chunk order."""
         rows = self._conn.execute("SELECT kv_file FROM chunks WHERE doc_id = ? ORDER BY idx", (doc.id,)).fetchall()
         return list(dict.fromkeys(r[0] for r in rows if r[0] is not None))
 
-    def is_intact(self, doc: Document, checksums: bool = False) -> bool:
-        """True when every chunk the manifest lists for `doc` is in a KV file that opens, with all its tensors and
-        a recorded checksum; with `checksums` its tensors' bytes are read and must match that checksum too."""
-        return not self.check_document(doc, checksums)
-
     def check_document(self, doc: Document, checksums: bool = True) -> list[str]:
-        """What is wrong with `doc`'s stored chunks, one line each; [] when nothing is. Without `checksums` only
-        the files' headers are read (cheap), so changed tensor bytes go unnoticed."""
         rows = self._conn.execute("SELECT idx, kv_file, checksum FROM chunks WHERE doc_id = ? ORDER BY idx",
                                   (doc.id,)).fetchall()
         return chunk_problems(doc.n_chunks, rows, lambda name: KVFile(self.path / "kv" / name), checksums)
@@ -338,17 +216,6 @@ class SQLiteStore(Store):
     def document_writer(self, path: str, sha256: str, metadata: dict | None = None) -> "DocumentWriter":
         """A writer that adds or replaces one document part by part (`DocumentWriter`)."""
         return DocumentWriter(self, path, sha256, metadata)
-
-    def write_document(
-        self, path: str, sha256: str, chunks: list[NewChunk], embeddings: np.ndarray, metadata: dict | None = None
-    ) -> None:
-        """Add or replace one document: its KV file first (atomic rename), then its manifest rows (one transaction).
-
-        `metadata` (JSON-serialisable) is kept with the document and returned with every Hit of its chunks.
-        """
-        with self.document_writer(path, sha256, metadata) as writer:
-            writer.add(chunks, embeddings)
-            writer.commit()
 
     def remove_document(self, path: str) -> None:
         """Drop one document: its manifest rows first (one transaction), then its KV files where no other
@@ -363,22 +230,14 @@ class SQLiteStore(Store):
         self._drop_unreferenced(files)
         self._index = None
 
-    def summary(self, checksums: bool = True) -> dict:
-        """What the store holds, for people and scripts (`cagkit store info`): its settings, totals and, per
-        document, chunks, tokens, KV bytes on disk and state: `ok` or `damaged` (re-ingest it). The state is the
-        one `verify` gives the document: every chunk's tensors are read and checked against their checksum;
-        without `checksums` only the KV files' headers are read (quick on a big store, but tensor bytes changed
-        under an intact header go unnoticed)."""
-        documents = []
-        for doc in self.documents():
-            state = "ok" if self.is_intact(doc, checksums) else "damaged"
-            documents.append({"path": doc.path, "chunks": doc.n_chunks, "tokens": doc.n_tokens,
-                              "kv_bytes": sum(_size(self.path / "kv" / f) for f in self.kv_files(doc)),
-                              "state": state, "prefill": doc.prefill, "window": doc.window,
-                              "metadata": doc.metadata})
+    def _kv_sizes(self) -> dict[str, int]:
+        kv = self.path / "kv"
+        return {f.name: _size(f) for f in kv.iterdir()} if kv.is_dir() else {}
+
+    def _stored_bytes(self, documents: list[dict], sizes: dict[str, int]) -> int:
+        """Its documents' KV files and the manifest."""
         manifest = self.path / "manifest.sqlite"
-        return summary_of(str(self.path), self.settings, documents,
-                          sum(d["kv_bytes"] for d in documents) + (manifest.stat().st_size if manifest.exists() else 0))
+        return sum(d["kv_bytes"] for d in documents) + (manifest.stat().st_size if manifest.exists() else 0)
 
     def verify(self) -> dict:
         """Check everything: the manifest (SQLite's integrity check), every document's KV files, tensors and
@@ -389,21 +248,14 @@ class SQLiteStore(Store):
         `missing` (KV files the manifest lists that are not there) and `foreign` (files in kv/ that cagkit did
         not write: left alone)."""
         findings = [r[0] for r in self._conn.execute("PRAGMA integrity_check").fetchall()]
-        documents = []
-        for doc in self.documents():
-            problems = self.check_document(doc)
-            documents.append({"path": doc.path, "state": "damaged" if problems else "ok", "problems": problems})
+        documents = self.documents()
         referenced = {r[0] for r in self._conn.execute("SELECT DISTINCT kv_file FROM chunks") if r[0] is not None}
         recorded = {r[0] for r in self._conn.execute("SELECT name FROM kv_files")}
         on_disk = {f.name for f in (self.path / "kv").iterdir()} if (self.path / "kv").is_dir() else set()
         orphans = sorted(n for n in on_disk if (n in recorded and n not in referenced)
                          or (is_temporary(Path(n)) and _temporary_of(n) in recorded))
-        foreign = sorted(on_disk - recorded - set(orphans))
-        damaged = [d["path"] for d in documents if d["state"] != "ok"]
         manifest = "ok" if findings == ["ok"] else "; ".join(findings)
-        return {"store": str(self.path), "ok": manifest == "ok" and not damaged,
-                "manifest": manifest, "documents": documents, "damaged": damaged, "orphans": orphans,
-                "missing": sorted(referenced - on_disk), "foreign": foreign}
+        return self._verified(manifest, documents, referenced, on_disk, orphans, on_disk - recorded - set(orphans))
 
     # -- retrieval and loading -----------------------------------------------------------------------------
 
@@ -418,7 +270,6 @@ class SQLiteStore(Store):
         documents in one shared store). Each hit's `score` is the one it was ranked by.
         """
         from cagkit.retrieval.lexical import LexicalIndex
-        from cagkit.retrieval.rank import rank  # rank refuses an unknown retrieval
 
         if self._index is None:
             rows = self._conn.execute(
@@ -430,23 +281,22 @@ class SQLiteStore(Store):
                 np.array([r[2] for r in rows], dtype=object))
         index = self._index
         if len(index.ids) == 0:
-            raise StoreError(f"store {self.path} holds no documents; add some with `cagkit ingest DOCS --store {self.path}`")
+            raise no_documents(self.path)
         candidates = np.arange(len(index.ids))
         if documents is not None:
             candidates = np.flatnonzero(np.isin(index.paths, list(documents)))
-        dense = index.embeddings[candidates] @ query.astype(np.float32)  # [C]
-        lexical = None
-        if retrieval != "dense" and text is not None:
+
+        def lexical():
             if index.texts is None:  # by id: an ingest may have written to the store since the ids were read
                 text_of = dict(self._conn.execute("SELECT id, text FROM chunks").fetchall())
                 index.texts = [text_of.get(int(i), "") for i in index.ids]
             if documents is not None:  # a few documents' chunks: their own statistics, built for this search
-                lexical = LexicalIndex([index.texts[i] for i in candidates]).scores(text)
-            else:
-                if index.lexical is None:
-                    index.lexical = LexicalIndex(index.texts)  # built once per open store, on the first search
-                lexical = index.lexical.scores(text)
-        best, scores = rank(dense, lexical, retrieval, top_k)
+                return LexicalIndex([index.texts[i] for i in candidates])
+            if index.lexical is None:
+                index.lexical = LexicalIndex(index.texts)  # built once per open store, on the first search
+            return index.lexical
+
+        best, scores = rank_chunks(index.embeddings[candidates], query, text, retrieval, top_k, lexical)
         hits = []
         for i, score in zip(candidates[best], scores):
             row = self._conn.execute(
@@ -482,21 +332,13 @@ class SQLiteStore(Store):
         for chunk_id in chunk_ids:
             row = self._conn.execute("SELECT kv_file, idx FROM chunks WHERE id = ?", (chunk_id,)).fetchone()
             if row is None or row[0] is None:
-                raise _gone(chunk_id, self.path)
+                raise chunk_gone(chunk_id, self.path)
             try:
                 out.append(chunk_token_ids(KVFile(self.path / "kv" / row[0]), row[1]))
             except DamagedFile as exc:
                 raise DamagedChunkError(f"KV file {self.path / 'kv' / row[0]} is damaged ({exc}); run `cagkit store "
                                         f"repair --store {self.path}`", "", row[1]) from None
         return out
-
-    def load_chunk(self, chunk_id: int) -> StoredChunk:
-        """A chunk's text and KV, its tensors read alone from its KV file and checked against the checksum
-        recorded when they were written; a `DamagedChunkError` names the document and how to rebuild it."""
-        (result,) = self.load_chunks([chunk_id])
-        if isinstance(result, StoreError):
-            raise result
-        return result
 
     def load_chunks(self, chunk_ids: list[int]) -> list[StoredChunk | StoreError]:
         """`Store.load_chunks`: the chunks' rows in one query, and each KV file opened once for all of its
@@ -519,9 +361,9 @@ class SQLiteStore(Store):
                     # a writer that replaced the document since the row was read deletes its old files: not damage
                     now = self._conn.execute("SELECT kv_file FROM chunks WHERE id = ?", (entry[0],)).fetchone()
                     if now is None or now[0] != kv_file:
-                        result = _gone(entry[0], self.path)
+                        result = chunk_gone(entry[0], self.path)
                 found[entry[0]] = result
-        return [found.get(i) or _gone(i, self.path) for i in ids]
+        return [found.get(i) or chunk_gone(i, self.path) for i in ids]
 
     # -- housekeeping --------------------------------------------------------------------------------------
 
@@ -571,12 +413,8 @@ class SQLiteStore(Store):
         return removed
 
 
-def _gone(chunk_id: int, store) -> ChunkGoneError:
-    return ChunkGoneError(f"chunk {chunk_id} is not in store {store}: its document was replaced or removed since the "
-                          f"chunk was found; try again")
 
-
-class DocumentWriter:
+class DocumentWriter(BaseDocumentWriter):
     """Adds or replaces one document in a store open for writing, its chunks written part by part as they are
     prefilled (`add`: one KV file per part), so that holding a long document's KV is never needed; `commit`
     records the document and its chunks in one transaction, and only then do readers see it. Leaving the `with`
@@ -584,56 +422,33 @@ class DocumentWriter:
     Every writer's files have names of their own, so no other document, nor the older version of this one,
     shares them."""
 
-    def __init__(self, store: Store, path: str, sha256: str, metadata: dict | None = None):
+    def __init__(self, store: SQLiteStore, path: str, sha256: str, metadata: dict | None = None):
         if store._lock is None:
             raise StoreError(f"store {store.path} is open for reading; open it with Store.open_for_writing to add documents")
-        self.store = store
-        self.path = path
-        self.sha256 = sha256
-        self.metadata = metadata
+        super().__init__(store, path, sha256, metadata)
         self._write = secrets.token_hex(4)
         self._files: list[str] = []
-        self._rows: list[tuple] = []
-        self._committed = False
-        self.prefill, self.window = "chunks", None  # set by the first chunks added (`NewChunk.context`)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, *rest):
-        if not self._committed:
-            self.abort()
-
-    @property
-    def chunks(self) -> int:
-        return len(self._rows)
-
-    def add(self, chunks: list[NewChunk], embeddings: np.ndarray) -> None:
-        """Write the next `chunks` of the document (and their unit embeddings [N, E]) as one KV file."""
-
-        if not chunks:
-            return
+    def _write_part(self, chunks: list[NewChunk], tensors: dict, first: int) -> tuple[str, dict[int, str]]:
         st = self.store
-        first = len(self._rows)
-        if not first and chunks[0].context is not None:
-            self.prefill, self.window = "document", chunks[0].context[2]
-        tensors = chunk_tensors(chunks, first, st.settings.dtype)
         name = f"{self.sha256[:16]}-{self._write}.{len(self._files):05d}.safetensors"
         while not st._record_file(name):  # a name in use (as likely as two equal random draws): draw again
             self._write = secrets.token_hex(4)
             name = f"{self.sha256[:16]}-{self._write}.{len(self._files):05d}.safetensors"
         self._files.append(name)
         file = st.path / "kv" / name
-        meta = {"format_version": str(FORMAT_VERSION), "source_fingerprint": st.settings.source_fingerprint,
-                "dtype": st.settings.dtype, "document": self.path, "first_chunk": str(first)}
         try:
-            save_safetensors(tensors, file, metadata=meta)
+            save_safetensors(tensors, file, metadata=self._file_metadata(first, document=self.path))
         except OSError as exc:
             raise _write_error(st.path, exc) from None
         del tensors
-        sums = chunk_checksums(file, range(first, first + len(chunks)), _CHUNK_TENSORS)
+        sums = chunk_checksums(file, range(first, first + len(chunks)), CHUNK_TENSORS)
         if any(v is None for v in sums.values()):
             raise StoreError(f"KV file {file} does not read back as written; check the disk of store {st.path}")
+        return name, sums
+
+    def _add_rows(self, chunks: list[NewChunk], embeddings: np.ndarray, first: int, name: str,
+                  sums: dict[int, str]) -> None:
         for i, c in enumerate(chunks, start=first):
             self._rows.append((i, c.text, c.char_start, c.char_end, len(c.token_ids),
                                np.asarray(embeddings[i - first]).astype(np.float32).tobytes(), name, sums[i]))
@@ -672,73 +487,6 @@ class DocumentWriter:
         self._files = []
 
 
-def chunk_tensors(chunks: list[NewChunk], first: int, dtype: str) -> dict:
-    """The KV-file tensors of `chunks`, numbered from `first`: per chunk `{i}.keys` and `{i}.values` [L, T, H, D]
-    in `dtype` (int8 and int4: their codes, with scales beside them, as `cagkit.kv.quant` names them), `{i}.token_ids` [T] and `{i}.offsets` [T, 2] int32, and its sentences where it has them."""
-    import torch
-
-    from cagkit.kv import quant
-
-    check_dtype(dtype)
-    tensors = {}
-    for i, c in enumerate(chunks, start=first):
-        if quant.is_quantized(dtype):
-            tensors.update({f"{i}.{name}": t for name, t in quant.quantize(c.kv.keys, c.kv.values, dtype).items()})
-        else:
-            tensors[f"{i}.keys"] = c.kv.keys.to(device="cpu", dtype=getattr(torch, dtype)).contiguous()
-            tensors[f"{i}.values"] = c.kv.values.to(device="cpu", dtype=getattr(torch, dtype)).contiguous()
-        tensors[f"{i}.token_ids"] = torch.tensor(c.token_ids, dtype=torch.int32)
-        tensors[f"{i}.offsets"] = torch.tensor(c.offsets, dtype=torch.int32).reshape(-1, 2)
-        if c.sentences is not None:
-            tensors.update(migrations.sentence_tensors(i, c.sentences))
-        if c.context is not None:
-            tensors[f"{i}.context"] = torch.tensor(c.context, dtype=torch.int32)
-    return tensors
-
-
-def summary_of(location: str, settings: StoreSettings, documents: list[dict], total_bytes: int) -> dict:
-    """A store's summary from its per-document entries: totals, and the KV bytes on disk per stored token (KV
-    files hold each chunk's tokens, offsets and sentences beside its keys and values)."""
-    tokens = sum(d["tokens"] for d in documents)
-    kv_bytes = sum(d["kv_bytes"] for d in documents)
-    return {"store": location, "settings": dict(settings.__dict__), "documents": len(documents),
-            "chunks": sum(d["chunks"] for d in documents), "tokens": tokens, "bytes": total_bytes,
-            "kv_bytes_per_token": round(kv_bytes / tokens, 1) if tokens else None, "per_document": documents}
-
-
-def chunk_problems(n_chunks: int, rows, open_file, checksums: bool) -> list[str]:
-    """What is wrong with a document's stored chunks, one line each: `rows` are its (idx, KV file, checksum) in
-    chunk order, `open_file(name)` a `KVFile`. Without `checksums` only the files' headers are read."""
-    problems = []
-    if [r[0] for r in rows] != list(range(n_chunks)):
-        problems.append(f"the manifest lists {len(rows)} chunks of {n_chunks}")
-    files: dict[str, KVFile | str] = {}
-    for idx, kv_file, checksum in rows:
-        if kv_file is None or checksum is None:
-            problems.append(f"chunk {idx}: no checksum recorded (its KV file was damaged when checksums were added)")
-            continue
-        if kv_file not in files:
-            try:
-                files[kv_file] = open_file(kv_file)
-            except DamagedFile as exc:
-                files[kv_file] = str(exc)
-        file = files[kv_file]
-        if isinstance(file, str):
-            problems.append(f"chunk {idx}: KV file {kv_file} is {file}" if file == "missing"
-                            else f"chunk {idx}: KV file {kv_file} does not parse ({file})")
-            continue
-        missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in file.tensors]
-        if missing:
-            problems.append(f"chunk {idx}: KV file {kv_file} lacks its {', '.join(missing)}")
-        elif checksums:
-            try:
-                if file.checksum(idx) != checksum:
-                    problems.append(f"chunk {idx}: its tensors in KV file {kv_file} do not match their checksum")
-            except DamagedFile as exc:
-                problems.append(f"chunk {idx}: KV file {kv_file}: {exc}")
-    return problems
-
-
 def chunk_token_ids(file: KVFile, idx: int) -> list[int]:
     """Chunk `idx`'s `token_ids` tensor alone from an open KV file (not checked against the chunk's checksum,
     which covers all its tensors: a damaged file is found where the chunk's KV is read)."""
@@ -748,79 +496,6 @@ def chunk_token_ids(file: KVFile, idx: int) -> list[int]:
     dtype, shape, begin, end = file.tensors[name]
     (buf,) = file._read([(begin, end)])
     return to_torch(dtype, shape, buf).tolist()
-
-
-def read_chunk(open_file, file_label, store, chunk_id: int, doc_path: str, idx: int, text: str,
-               checksum: str | None) -> StoredChunk:
-    """Chunk `idx` of the KV file `open_file()` opens, checked against `checksum` (None: none was recorded), as a
-    `StoredChunk`; a `DamagedChunkError` names `file_label`, the document and how to rebuild it."""
-    (result,) = read_chunks(open_file, file_label, store, [(chunk_id, doc_path, idx, text, checksum)])
-    if isinstance(result, DamagedChunkError):
-        raise result
-    return result
-
-
-def read_chunks(open_file, file_label, store, entries: list[tuple]) -> list[StoredChunk | DamagedChunkError]:
-    """`read_chunk` of each (chunk_id, doc_path, idx, text, checksum) of `entries`, all in the KV file that
-    `open_file()` opens: its header read once and the chunks' tensors in one read (on object storage, one batch of
-    range requests). Int8 and int4 KV is dequantized here, as it is placed."""
-    from cagkit.kv.chunk import ChunkKV
-    from cagkit.kv.quant import dequantize
-
-    try:
-        read = open_file().read_chunks([e[2] for e in entries if e[4] is not None])
-    except DamagedFile as exc:
-        read = {e[2]: exc for e in entries}
-    out: list[StoredChunk | DamagedChunkError] = []
-    for chunk_id, doc_path, idx, text, checksum in entries:
-        try:
-            if checksum is None:
-                raise DamagedFile("no checksum was recorded for it")
-            if isinstance(read[idx], DamagedFile):
-                raise read[idx]
-            tensors, actual = read[idx]
-            missing = [t for t in _CHUNK_TENSORS if f"{idx}.{t}" not in tensors]
-            if missing:
-                raise DamagedFile(f"chunk {idx} lacks its {', '.join(missing)}")
-            if actual != checksum:
-                raise DamagedFile(f"chunk {idx} does not match its checksum")
-        except DamagedFile as exc:
-            out.append(DamagedChunkError(
-                f"KV file {file_label} of document {doc_path} is damaged ({exc}); run `cagkit store repair --store "
-                f"{store}` or `cagkit ingest {doc_path} --store {store}` to rebuild it", doc_path, idx))
-            continue
-        t = {name.split(".", 1)[1]: to_torch(*value) for name, value in tensors.items()}
-        sentences = None
-        if "sentences" in t:
-            sentences = (t["sentences"].numpy(), t["sentence_embeddings"].float().numpy())
-        context = tuple(int(x) for x in t["context"].tolist()) if "context" in t else None
-        kv = ChunkKV(*dequantize(t)) if "quant" in t else ChunkKV(t["keys"], t["values"])
-        out.append(StoredChunk(chunk_id, doc_path, idx, text, t["token_ids"].tolist(), t["offsets"], kv, sentences,
-                               context))
-    return out
-
-
-def is_store(location: str | Path) -> bool:
-    """Whether `location` already holds a cagkit store of either kind (a URL is asked only of its settings)."""
-    from cagkit.store import lance
-
-    if lance.is_url(location):
-        try:
-            return lance._read_settings(lance._locate(location)) is not None
-        except StoreError:
-            return False
-    path = Path(location)
-    return (path / "manifest.sqlite").exists() or lance.is_lance_store(path)
-
-
-def check_location(location: str | Path) -> None:
-    """Refuse a local `location` that cannot be or become a store: a file, or a folder with other things in it
-    that holds no store of either kind (a URL is checked when it is opened). `cagkit serve` checks its --store
-    with it before it listens, as the other commands refuse such a --store when they open it."""
-    from cagkit.store import lance
-
-    if not lance.is_url(location) and not is_store(location):
-        _check_store_folder(Path(location))
 
 
 def _size(file: Path) -> int:
@@ -836,19 +511,6 @@ def _temporary_of(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _check_store_folder(path: Path) -> None:
-    """Refuse a --store that is a file, or a folder with other things in it that is not a store."""
-    if path.exists() and not path.is_dir():
-        raise StoreError(f"store {path} is a file, not a folder; give a new folder or a cagkit store's folder as --store")
-    if not path.is_dir() or (path / "manifest.sqlite").exists():
-        return
-    kv = path / "kv"
-    others = sorted(p.name for p in path.iterdir() if p.name not in ("kv", "write.lock"))
-    if others or (kv.exists() and (not kv.is_dir() or any(kv.iterdir()))):
-        raise StoreError(f"{path} is not empty and is not a cagkit store (no manifest.sqlite); give a new or empty "
-                         f"folder as --store, or the folder of an existing store")
-
-
 def _check_writable(path: Path) -> None:
     import os
 
@@ -862,12 +524,6 @@ def _write_error(path: Path, exc: OSError) -> StoreError:
     return StoreError(f"cannot write to store {path} ({exc.strerror or exc}); give yourself write access to it, free "
                       f"some space, or use another --store")
 
-
-def check_dtype(dtype: str) -> str:
-    """`dtype` if a store can hold KV in it, else a StoreError that lists the ones it can."""
-    if dtype not in KV_DTYPES:
-        raise StoreError(f"KV dtype {dtype!r} is not one a store holds; use one of {', '.join(KV_DTYPES)}")
-    return dtype
 
 
 def _metadata(column: str | None) -> dict:
@@ -947,28 +603,25 @@ def _translated(manifest: Path):
         raise _manifest_error(manifest, exc) from None
 
 
+def _translating(method):
+    """A cursor's `method` whose SQLite errors are one-line StoreErrors naming the store."""
+
+    @functools.wraps(method)
+    def call(self, *args):
+        with _translated(self.connection.manifest):
+            return method(self, *args)
+
+    return call
+
+
 class _Cursor(sqlite3.Cursor):
     """A cursor whose SQLite errors, also those met while rows are read, are one-line StoreErrors."""
 
-    def execute(self, *args):
-        with _translated(self.connection.manifest):
-            return super().execute(*args)
-
-    def executemany(self, *args):
-        with _translated(self.connection.manifest):
-            return super().executemany(*args)
-
-    def fetchone(self):
-        with _translated(self.connection.manifest):
-            return super().fetchone()
-
-    def fetchall(self):
-        with _translated(self.connection.manifest):
-            return super().fetchall()
-
-    def __next__(self):
-        with _translated(self.connection.manifest):
-            return super().__next__()
+    execute = _translating(sqlite3.Cursor.execute)
+    executemany = _translating(sqlite3.Cursor.executemany)
+    fetchone = _translating(sqlite3.Cursor.fetchone)
+    fetchall = _translating(sqlite3.Cursor.fetchall)
+    __next__ = _translating(sqlite3.Cursor.__next__)
 
 
 class _Connection(sqlite3.Connection):
@@ -1018,27 +671,7 @@ def _read_settings(conn: sqlite3.Connection, manifest: Path) -> StoreSettings | 
     except ValueError:
         raise DamagedManifestError(f"store manifest {manifest} is damaged (its settings are not JSON); move the "
                                    f"store aside and re-run `cagkit ingest DOCS --store {manifest.parent}`") from None
-    if values.get("format_version") != FORMAT_VERSION:
-        raise StoreError(
-            f"store {manifest.parent} has format version {values.get('format_version')}, this cagkit reads "
-            f"{FORMAT_VERSION}; ingest the documents into a new store"
-        )
-    try:
-        return StoreSettings(**values)
-    except TypeError:
-        raise DamagedManifestError(f"store manifest {manifest} is damaged (unexpected settings); move the store "
-                                   f"aside and re-run `cagkit ingest DOCS --store {manifest.parent}`") from None
+    return settings_from(values, manifest.parent, DamagedManifestError(
+        f"store manifest {manifest} is damaged (unexpected settings); move the store aside and re-run "
+        f"`cagkit ingest DOCS --store {manifest.parent}`"))
 
-
-def _check_compatible(path: Path, have: StoreSettings, want: StoreSettings) -> None:
-    if have.source_fingerprint != want.source_fingerprint:
-        raise StoreError(
-            f"store {path} was built with source model '{have.source}' (fingerprint {have.source_fingerprint}), "
-            f"not '{want.source}' ({want.source_fingerprint}); use `--source {have.source}` or another --store"
-        )
-    for name in ("dtype", "chunk_tokens", "embedder"):
-        if getattr(have, name) != getattr(want, name):
-            raise StoreError(
-                f"store {path} was built with {name}={getattr(have, name)}, not {getattr(want, name)}; "
-                f"use the same setting or another --store"
-            )

@@ -179,35 +179,6 @@ def _settings(store):
         return st.settings
 
 
-def test_damage_in_a_lance_store_is_found_and_named(tiny_llama, docs, tmp_path):
-    store = tmp_path / "lance"
-    _ingest(docs, store, manifest="lance")
-    with Store.open(store) as st:
-        doc = st.document(str((docs / "lighthouse.md").resolve()))
-        file = tmp_path / "lance" / "kv" / st.kv_files(doc)[0]
-    data = bytearray(file.read_bytes())
-    data[-64:-48] = os.urandom(16)
-    file.write_bytes(bytes(data))
-    with Store.open(store) as st:
-        found = st.verify()
-        assert found["damaged"] == [doc.path] and not found["ok"]
-        with pytest.raises(StoreError, match="store repair"):
-            for cid in st.chunk_ids(doc.path):
-                st.load_chunk(cid)
-    (tmp_path / "lance" / "kv" / "notes.txt").write_text("mine")
-    with Store.open(store) as st:
-        assert st.verify()["foreign"] == ["notes.txt"]
-
-
-def test_a_folder_that_is_not_a_store_is_refused_for_a_lance_store(tiny_llama, docs, tmp_path):
-    folder = tmp_path / "mine"
-    folder.mkdir()
-    (folder / "notes.txt").write_text("keep me")
-    with pytest.raises(StoreError, match="not empty and is not a cagkit store"):
-        _ingest(docs, folder, manifest="lance")
-    assert (folder / "notes.txt").read_text() == "keep me" and sorted(os.listdir(folder)) == ["notes.txt"]
-
-
 def test_kv_file_names_are_content_hashes_the_same_in_every_process():
     settings = settings_for("fp")
     name = lance.kv_file_name(settings, 0, [[1, 2, 3], [4]])
@@ -327,31 +298,6 @@ def test_a_creation_of_the_table_that_overwrote_another_writers_rows_puts_them_b
         assert st.verify()["ok"] and len(st.chunk_ids("first")) == len(fake_chunks("one two three. four five.", 1)[0])
 
 
-@pytest.mark.parametrize("manifest", ["sqlite", "lance"])
-def test_load_chunks_keeps_the_order_and_puts_each_error_in_its_place(tmp_path, manifest):
-    """`load_chunks` (one manifest query and the files side by side, for LanceDB) returns what `load_chunk` returns
-    for each id, in the order given, with a damaged chunk's or a gone chunk's error in place of the chunk."""
-    from cagkit.store import ChunkGoneError, DamagedChunkError
-
-    store = tmp_path / "s"
-    with Store.open_for_writing(store, settings_for("fp"), manifest=manifest) as st:
-        st.write_document("a", "a" * 64, *fake_chunks("one two three. four five. six.", seed=1))
-        st.write_document("b", "b" * 64, *fake_chunks("seven eight. nine ten.", seed=2))
-        ids = st.chunk_ids("b")[::-1] + st.chunk_ids("a")
-        damaged = st.kv_files(st.document("b"))[0]
-    data = bytearray((store / "kv" / damaged).read_bytes())
-    data[-8:] = bytes(8)  # the file's last chunk: b's second
-    (store / "kv" / damaged).write_bytes(bytes(data))
-    gone = max(ids) + 1000
-    with Store.open(store) as st:
-        got = st.load_chunks([*ids, gone])
-        assert isinstance(got[0], DamagedChunkError) and isinstance(got[-1], ChunkGoneError)
-        assert [(c.doc_path, c.idx) for c in got[1:-1]] == [("b", 0), ("a", 0), ("a", 1), ("a", 2)]
-        for chunk_id, chunk in zip(ids[1:], got[1:-1]):
-            torch.testing.assert_close(chunk.kv.keys, st.load_chunk(chunk_id).kv.keys)
-        assert st.load_chunks([]) == []
-
-
 def test_an_unreachable_store_is_a_one_line_error_not_a_hang(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing answers
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
@@ -425,14 +371,6 @@ def test_a_missing_bucket_is_named_as_missing(s3, capsys):
     assert err.count("\n") == 1 and "does not exist" in err and "create one with" not in err
     with pytest.raises(StoreError, match="no cagkit store at s3://there/store"):  # a bucket without a store
         Store.open("s3://there/store")
-
-
-def test_fake_chunks_round_trip_with_their_checksums(tmp_path):
-    with Store.open_for_writing(tmp_path / "s", settings_for("fp"), manifest="lance") as st:
-        chunks, vectors = fake_chunks("one two three. four five.", seed=1)
-        st.write_document("doc", "a" * 64, chunks, vectors)
-        loaded = st.load_chunk(st.chunk_ids("doc")[0])
-        torch.testing.assert_close(loaded.kv.keys, chunks[0].kv.keys.half())
 
 
 def test_store_migrate_copies_a_sqlite_store_to_s3_as_stored(tiny_llama, docs, tmp_path, s3, capsys):
