@@ -143,10 +143,7 @@ def ingest_ray(
                     warnings.warn(reason, SkippedDocumentWarning, stacklevel=2)
                     report.failed.append((row["path"], reason))
         if prune:
-            for doc in st.documents():
-                if not _still_there(doc.path):
-                    st.remove_document(doc.path)
-                    report.removed.append(doc.path)
+            report.removed += st.prune(_still_there)
     report.seconds = time.perf_counter() - started
     return report
 

@@ -244,10 +244,7 @@ def _ingest_documents(
         if bar is not None:
             bar.close()
         if keep is not None:
-            for doc in st.documents():
-                if not keep(doc.path):
-                    st.remove_document(doc.path)
-                    report.removed.append(doc.path)
+            report.removed += st.prune(keep)
     report.seconds = time.perf_counter() - started
     return report
 

@@ -187,6 +187,16 @@ class Store:
     def documents(self) -> list[Document]:
         raise NotImplementedError
 
+    def remove_document(self, path: str) -> None:
+        raise NotImplementedError
+
+    def prune(self, keep) -> list[str]:
+        """Remove every document whose path `keep(path)` rejects (`ingest --prune`: its file is gone); their paths."""
+        gone = [doc.path for doc in self.documents() if not keep(doc.path)]
+        for path in gone:
+            self.remove_document(path)
+        return gone
+
     def kv_files(self, doc: Document) -> list[str]:
         """The names of the KV files (in `kv/`) that hold `doc`'s chunks, in chunk order."""
         raise NotImplementedError
