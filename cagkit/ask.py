@@ -28,14 +28,7 @@ from cagkit.config import (
 from cagkit.errors import CagkitError
 from cagkit.generation import context_room, generate, prompt_parts
 from cagkit.kv.chunk import ChunkKV
-from cagkit.kv.context import (
-    CHUNK_SEPARATOR,
-    PlacedSource,
-    PromptSource,
-    SelectedSentences,
-    context_source,
-    owns_store,
-)
+from cagkit.kv.context import PlacedSource, PromptSource, SelectedSentences, context_source, owns_store
 from cagkit.kv.place import place_chunks
 from cagkit.kv.prefill import prefix_cache
 from cagkit.kv.repair import blend as blend_chunks
@@ -190,7 +183,7 @@ def default_blend(mode: str, scope: str) -> float:
 
 # The modes `--scope auto` reads whole documents for: those that place stored KV, where a document cached whole
 # costs no more to read than its chunks. `select` and `native` read text, and were measured at chunk scope.
-DOCUMENT_MODES = ("stored", "focus", "mot", "linear", "projector")
+DOCUMENT_MODES = ("stored", "mot", "linear", "projector")
 
 
 def choose_scope(store: Store, hits: list[Hit], scope: str, room: int,
@@ -258,8 +251,7 @@ def answer_from_chunks(
     """
     started = started or time.perf_counter()
     retrieved = retrieved or started
-    context = build_context_cache(lm, store, hits, question, mode, placement, scope, prompt, vector, warm=warm,
-                                  focus=sources or hits)
+    context = build_context_cache(lm, store, hits, question, mode, placement, scope, prompt, vector, warm=warm)
     gen = generate(lm, context.cache, context.pending_ids, max_new_tokens, on_text)
     end = time.perf_counter()
     decoded = max(len(gen.token_ids) - 1, 0)
@@ -267,8 +259,8 @@ def answer_from_chunks(
     timings = {
         "model_ms": 0.0,  # `ask` sets it: loading the target, before the question's clock starts (0 once loaded)
         "retrieve_ms": (retrieved - started) * 1e3,
-        "load_ms": before - context.select_s * 1e3 if context.reads_kv else 0.0,
-        "select_ms": context.select_s * 1e3 if context.reads_kv else before,
+        "load_ms": before if context.reads_kv else 0.0,
+        "select_ms": 0.0 if context.reads_kv else before,
         "translate_ms": context.translate_s * 1e3,
         "repair_ms": context.repair_s * 1e3,
         "place_ms": context.place_s * 1e3,
@@ -301,13 +293,12 @@ class ContextCache:
     place_s: float = 0.0  # placing the KV into the target's cache (RoPE at its positions), after the repair
     reads_kv: bool = True  # False for a prompt source, whose time before `loaded_at` chose and tokenised its text
     warm: bool = False  # a copy of a context kept in `cagkit.kv.warm.WarmCaches`: nothing was read or placed
-    select_s: float = 0.0  # mode focus: choosing the sentences re-read before the question (within `loaded_at`)
 
 
 def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question: str, mode: str,
                         placement: Placement = Placement(), scope: str = "chunks",
                         prompt: tuple[list[int], list[int]] | None = None, vector=None,
-                        warm: WarmCaches | None = None, focus: list[Hit] | None = None) -> ContextCache:
+                        warm: WarmCaches | None = None) -> ContextCache:
     """Bring the chunks of `hits` into `lm`'s cache for `question`, stopping before the question is prefilled.
 
     The context's source is chosen once (`cagkit.kv.context.context_source`). The chunks are placed in document
@@ -318,9 +309,6 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     `translate_s` as "translate" and "repair". `prompt` and `vector` as for `answer_from_chunks`. With `warm`, a
     context placed with blend 0 is kept there and a later question on the same chunks starts from a copy of it
     (`cagkit.kv.warm`): nothing is read or placed.
-    Mode `focus` places the stored KV as `stored` does, then leaves to be prefilled with the question the sentences
-    `select` would read from the retrieved chunks `focus` (default `hits`): the target re-reads them right before
-    the question, attending to the whole placed context.
     """
     placement.check(lm)
     source = context_source(resolve_mode(mode, lm, store), lm, store, placement, scope)
@@ -331,15 +319,6 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         loaded_at = time.perf_counter()
         return ContextCache(prefix_cache(lm.model, []), prefix_ids + context_ids + suffix_ids, len(context_ids),
                             loaded_at, 0.0, source.mode, placement=source.settings(placement), reads_kv=False)
-    select_s, reread = 0.0, []
-    if mode == "focus":
-        started = time.perf_counter()
-        chosen = sorted(focus or hits, key=lambda h: (h.doc_path, h.idx))
-        reread = SelectedSentences(Placement()).context_ids(lm, chosen, question, vector)
-        if reread:
-            reread = lm.tokenizer(CHUNK_SEPARATOR, add_special_tokens=False)["input_ids"] + reread
-        suffix_ids = reread + suffix_ids
-        select_s = time.perf_counter() - started
     key = None
     if warm is not None and not placement.blend:
         settings = source.settings(placement)
@@ -349,9 +328,9 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         found = warm.get(key)  # with a copy of the kept cache for this question: its placing
         if found is not None:
             entry, cache = found
-            return ContextCache(cache, suffix_ids, entry.context_tokens + len(reread), looked_up, 0.0,
-                                _focused(entry.mode, mode), 0.0, entry.placement, list(entry.skipped),
-                                place_s=time.perf_counter() - looked_up, warm=True, select_s=select_s)
+            return ContextCache(cache, suffix_ids, entry.context_tokens, looked_up, 0.0, entry.mode, 0.0,
+                                entry.placement, list(entry.skipped), place_s=time.perf_counter() - looked_up,
+                                warm=True)
     chunks, skipped = load_chunks(store, placed)
     loaded_at = time.perf_counter()
     kvs, ids = source.chunk_kv(lm, chunks)
@@ -367,16 +346,9 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         cache = warm.put(key, WarmContext(cache, tokens, source.mode, source.settings(placement), skipped,
                                           cache_bytes(cache)))
     synchronize(lm.device)
-    return ContextCache(cache, suffix_ids, tokens + len(reread), loaded_at, repaired_at - loaded_at,
-                        _focused(source.mode, mode), repaired_at - translated_at, source.settings(placement), skipped,
-                        place_s=time.perf_counter() - repaired_at, select_s=select_s)
-
-
-def _focused(source_mode: str, mode: str) -> str:
-    """The mode an answer records: `focus` (own KV) or `focus-<translator>` for mode focus, else the source's."""
-    if mode != "focus":
-        return source_mode
-    return "focus" if source_mode == "reuse" else f"focus-{source_mode}"
+    return ContextCache(cache, suffix_ids, tokens, loaded_at, repaired_at - loaded_at, source.mode,
+                        repaired_at - translated_at, source.settings(placement), skipped,
+                        place_s=time.perf_counter() - repaired_at)
 
 
 def load_chunks(store: Store, hits: list[Hit]) -> tuple[list[StoredChunk], list[dict]]:

@@ -15,12 +15,11 @@ from cagkit.errors import CagkitError
 ALIGN_MODES = ("cover", "overlap")  # cagkit.translate.alignment: how a target token reads the source tokens
 # cagkit.ask: where the target's context comes from (auto: `stored` where the store holds the target's own document
 # caches, `select` elsewhere; `mot` is `stored` by its older name)
-ASK_MODES = ("auto", "stored", "focus", "mot", "native", "linear", "projector", "oracle", "select")
+ASK_MODES = ("auto", "stored", "mot", "native", "linear", "projector", "oracle", "select")
 # cagkit.evaluation.runner: what `cagkit eval --methods` compares (none: no context; source: the source model answers;
 # select: the target prefills only the question's sentences, the control for every method that reads stored KV;
 # mot-placed: the MoT's translated chunks placed as translated, no blend, whatever --blend says)
-EVAL_METHODS = ("native", "none", "select", "source", "stored", "focus", "linear", "projector", "mot", "mot-placed",
-                "oracle")
+EVAL_METHODS = ("native", "none", "select", "source", "stored", "linear", "projector", "mot", "mot-placed", "oracle")
 TRANSLATOR_KINDS = ("mot", "projector", "linear")  # cagkit.translate.translator
 # cagkit.retrieval: how chunks are ranked for a question (hybrid: embedding and BM25 rankings fused)
 RETRIEVAL_MODES = ("hybrid", "dense", "lexical")

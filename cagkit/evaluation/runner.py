@@ -72,7 +72,7 @@ from cagkit.retrieval.search import retrieve
 from cagkit.store.store import Hit, Store, check_dtype
 from cagkit.translate.cards import checkpoint_digest, translator_path
 
-TRANSLATED = ("linear", "projector", "mot", "mot-placed", "stored", "focus")  # translated when the store is another's
+TRANSLATED = ("linear", "projector", "mot", "mot-placed", "stored")  # translated when the store is another's
 TARGET_NATIVE = ("native", "none", "oracle", "select")  # methods whose KV the target computes itself
 RESULTS_DIR = Path("results")
 # Settings that may differ between a run and the file it resumes: more questions, or another copy of the store.
@@ -231,7 +231,7 @@ def run_eval(
                 own = _placement(m, placement)
                 if not blend_given:
                     own = replace(own, blend=default_blend(_mode(m), used)).effective() if own.blend else own
-                record = evaluate_example(models[m], st, placed, example, _mode(m), max_new_tokens, own, used, hits)
+                record = evaluate_example(models[m], st, placed, example, _mode(m), max_new_tokens, own, used)
                 record["scope"] = used
                 records[m].append(record)
                 done[m].add(example.id)
@@ -284,15 +284,13 @@ def example_hits(store: Store, question: str, doc_paths: list[str], top_k: int, 
 
 
 def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str,
-                     max_new_tokens: int, placement: Placement = Placement(), scope: str = "chunks",
-                     retrieved: list[Hit] | None = None) -> dict:
+                     max_new_tokens: int, placement: Placement = Placement(), scope: str = "chunks") -> dict:
     """One method's record for one question: its prediction, scores and timings. `scope`: whether `hits` are
-    whole documents (`cagkit.ask.choose_scope`); `retrieved`: the chunks retrieved for it (default `hits`), whose
-    sentences mode `focus` re-reads."""
+    whole documents (`cagkit.ask.choose_scope`)."""
     if example.choices is not None:
-        return _closed_set_record(lm, store, hits, example, mode, placement, scope, retrieved)
+        return _closed_set_record(lm, store, hits, example, mode, placement, scope)
     answer = answer_from_chunks(lm, store, hits, example.question, mode, max_new_tokens, placement=placement,
-                                scope=scope, sources=retrieved)
+                                scope=scope)
     return {
         "id": example.id,
         "prediction": answer.answer,
@@ -306,10 +304,9 @@ def evaluate_example(lm: LoadedModel, store: Store, hits: list[Hit], example: Ex
 
 
 def _closed_set_record(lm: LoadedModel, store: Store, hits: list[Hit], example: Example, mode: str,
-                       placement: Placement = Placement(), scope: str = "chunks",
-                       retrieved: list[Hit] | None = None) -> dict:
+                       placement: Placement = Placement(), scope: str = "chunks") -> dict:
     started = time.perf_counter()
-    context = build_context_cache(lm, store, hits, example.question, mode, placement, scope, focus=retrieved)
+    context = build_context_cache(lm, store, hits, example.question, mode, placement, scope)
     scores, first_token_at = score_choices(lm, context, example.choices)
     chosen = max(range(len(scores)), key=scores.__getitem__)
     return {
@@ -468,8 +465,8 @@ def _translator_digest(method: str, lm: LoadedModel, store: Store) -> str | None
 
 
 def _kind(method: str) -> str:
-    """The translator a translated method reads: `stored` and `focus` the pair's default, the MoT."""
-    return "mot" if _base(method) in ("stored", "focus") else _mode(method)
+    """The translator a translated method reads: `stored` the pair's default, the MoT."""
+    return "mot" if _base(method) == "stored" else _mode(method)
 
 
 def _load_previous(out: Path, results: dict) -> dict:

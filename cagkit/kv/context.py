@@ -187,7 +187,7 @@ def context_source(mode: str, lm: LoadedModel, store: Store, placement: Placemen
         return ChunkAlonePrefill()
     if owns_store(lm, store):
         return StoredKV()
-    kind = "mot" if mode in ("stored", "focus") else mode  # through the pair's default translator
+    kind = "mot" if mode == "stored" else mode  # `stored` translates through the pair's default translator
     if placement.recompute_layers == lm.num_layers:  # every layer the target's own: nothing to translate
         return ChunkAlonePrefill(kind)
     return TranslatedKV(kind, store, placement.recompute_layers)

@@ -165,35 +165,6 @@ def _streaming_reference(model, prefix, parts, window):
 
 
 @torch.no_grad()
-def test_focus_rereads_the_selected_sentences_after_the_whole_document(tiny_qwen, tmp_path, monkeypatch):
-    """Mode focus: the document placed whole from the store, then the sentences `select` reads from the retrieved
-    chunk, prefilled with the question: native prefill's logits over prefix + document + those sentences +
-    question."""
-    from cagkit.config import Placement
-    from cagkit.kv.context import CHUNK_SEPARATOR, SelectedSentences
-
-    lm = tiny_qwen
-    store = tmp_path / "st"
-    _ingest(lm, store, monkeypatch)
-    with Store.open(store) as st:
-        retrieved = st.document_hits("doc")[2:3]
-        placed, scope, _ = choose_scope(st, retrieved, "document", 4000, "focus")
-        assert scope == "document" and len(placed) > 1
-        stored_ids = [t for ids in st.token_ids([h.chunk_id for h in placed]) for t in ids]
-        context = build_context_cache(lm, st, placed, QUESTION, "focus", _as_stored(), scope="document",
-                                      focus=retrieved)
-    prefix, suffix = prompt_parts(lm, QUESTION)
-    selected = SelectedSentences(Placement()).context_ids(lm, retrieved, QUESTION)
-    separator = lm.tokenizer(CHUNK_SEPARATOR, add_special_tokens=False)["input_ids"]
-    assert selected and context.pending_ids == separator + selected + suffix and context.mode == "focus"
-    assert context.context_tokens == len(stored_ids) + len(separator) + len(selected)
-    placed_logits = lm.model(input_ids=torch.tensor([context.pending_ids]), cache=context.cache,
-                             use_cache=True).logits[0, -1]
-    native = lm.model(input_ids=torch.tensor([prefix + stored_ids + context.pending_ids])).logits[0, -1]
-    assert torch.allclose(placed_logits, native, atol=1e-4, rtol=1e-4), (placed_logits - native).abs().max()
-
-
-@torch.no_grad()
 def test_blend_initial_recomputes_the_first_tokens_of_each_document(tiny_qwen, tmp_path, monkeypatch):
     """`--blend-select initial` (EPIC): two documents, each read whole and stored apart, placed side by side; the
     blend recomputes the first tokens of each (as many from each), and above the bottom layers prefilled jointly
