@@ -334,7 +334,8 @@ def _command(args) -> str:
 def table(result: dict) -> str:
     """The results as a Markdown table, one row per size, with the run's conditions above it."""
     s = result["settings"]
-    lines = [f"{s['target']} on {s['device']}, {s['threads']} threads, torch {s.get('torch', '?')}: first-token time "
+    torch_version = s.get("torch") or result.get("machine", {}).get("torch", "?")
+    lines = [f"{s['target']} on {s['device']}, {s['threads']} threads, torch {torch_version}: first-token time "
              f"(s), median of {s['repeats']} after a warm-up", "",
              "| tokens | native | stored | torch.save | select | stored/native | torch.save/native | select/native | "
              "same first token (stored = native, = torch.save) | store KV MB | torch.save MB | ingest tokens/s |",
