@@ -66,6 +66,20 @@ def same_answers(file: str, method: str, baseline: str) -> str:
     return f"{sum(mine[i] == theirs[i] for i in shared)} of {len(shared)}"
 
 
+def same_across(file: str, other: str, method: str) -> str:
+    """On how many of the questions both files' `method` answered they gave the same answer: `52 of 82`."""
+    mine, theirs = ({r["id"]: r["prediction"] for r in json.loads((RESULTS / f).read_text())["methods"][method]
+                     ["examples"]} for f in (file, other))
+    shared = mine.keys() & theirs.keys()
+    return f"{sum(mine[i] == theirs[i] for i in shared)} of {len(shared)}"
+
+
+def bytes_per_token(store: str) -> str:
+    """The KV bytes a stored token takes, from a saved `cagkit store info --json`: `3,532`."""
+    info = json.loads((RESULTS / "document-caches" / f"store-info-{store}.json").read_text())
+    return f"{info['kv_bytes_per_token']:,.0f}"
+
+
 def _signed(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
@@ -92,6 +106,12 @@ DESIGN_HOTPOT_15 = "designs/hotpotqa-smollm2-qwen-1.5b-q15.json"
 # unless its name says @chunks; native on the first questions only (it equals stored by construction)
 DOC_QWEN, DOC_QWEN_MORE = "document-caches/squad_v2-qwen-doc.json", "document-caches/squad_v2-qwen-doc-200.json"
 DOC_QWEN_15 = "document-caches/squad_v2-qwen-1.5b-doc.json"
+DOC_QWEN_15_NATIVE, DOC_GEMMA = "document-caches/squad_v2-qwen-1.5b-doc-native.json", "document-caches/squad_v2-gemma-doc.json"
+DOC_FOCUS, DOC_FOCUS_15 = "document-caches/squad_v2-qwen-doc-focus.json", "document-caches/squad_v2-qwen-1.5b-doc-focus.json"
+# the same stores written in int4 or int8 (docs/speed.md), and what `cagkit store info --json` said of them
+DOC_QWEN_INT4, DOC_QWEN_INT8 = "document-caches/squad_v2-qwen-doc-int4.json", "document-caches/squad_v2-qwen-doc-int8.json"
+DOC_QWEN_15_INT4 = "document-caches/squad_v2-qwen-1.5b-doc-int4.json"
+DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's store read by gemma, translated
 
 SENTENCES = {
     "README.md": [
@@ -136,12 +156,39 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"{same_answers(DOC_GEMMA, 'stored', 'native')} questions with gemma, "
+                f"{same_answers(DOC_QWEN, 'stored', 'native')} with qwen and "
+                f"{same_answers(DOC_QWEN_15_NATIVE, 'stored', 'native')} with qwen-1.5b",
+        lambda: f"({ratio(DOC_GEMMA, 'stored', 'native')}, {ratio(DOC_QWEN, 'stored', 'native')} and "
+                f"{ratio(DOC_QWEN_15_NATIVE, 'stored', 'native')} of it)",
+        lambda: f"(select − stored: {difference(DOC_GEMMA, 'select@chunks', 'stored', 'commas')})",
+        lambda: f"{quality(DOC_TRANSLATED, 'stored')} F1 against select's {quality(DOC_TRANSLATED, 'select@chunks')} "
+                f"({difference(DOC_TRANSLATED, 'stored', 'select@chunks', 'commas')}) and no context's "
+                f"{quality(DOC_TRANSLATED, 'none')}, its first token {times(DOC_TRANSLATED, 'stored', 'select@chunks')} "
+                f"times select's",
+        lambda: f"(native − select {difference(DOC_TRANSLATED, DOC_GEMMA + ':native', 'select@chunks', 'commas')}, "
+                f"across the two files)",
+        lambda: f"with qwen it scored {quality(DOC_FOCUS, 'focus')} F1 against select's "
+                f"{quality(DOC_FOCUS, 'select@chunks')} over 27 questions, {difference(DOC_FOCUS, 'focus', 'select@chunks')}",
+        lambda: f"with qwen-1.5b {quality(DOC_FOCUS_15, 'focus')} against {quality(DOC_FOCUS_15, 'select@chunks')} over "
+                f"30, {difference(DOC_FOCUS_15, 'focus', 'select@chunks')}, its first token "
+                f"{times(DOC_FOCUS_15, 'focus', 'select@chunks')} times select's",
         lambda: f"{quality(DOC_QWEN, 'native')} F1 for the whole article against {quality(DOC_QWEN, 'native@chunks')} "
                 f"for the top-4 chunks ({difference(DOC_QWEN, 'native', 'native@chunks', 'commas')})",
         lambda: f"the document-cached chunks placed apart with the default repair (`stored@chunks`) scored "
                 f"{quality(DOC_QWEN_MORE, 'stored@chunks')}, {difference(DOC_QWEN_MORE, 'stored@chunks', 'select@chunks')}",
         lambda: f"stored answered at {ratio(DOC_QWEN_15, 'stored', 'select@chunks')} of select's first-token time with "
                 f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
+    ],
+    "docs/speed.md": [
+        lambda: f"{bytes_per_token('qwen-int4')} KV bytes a token on disk against {bytes_per_token('qwen')} for float16",
+        lambda: f"`stored` scored {quality(DOC_QWEN_INT4, 'stored')} F1 against float16's "
+                f"{quality(DOC_QWEN_MORE, 'stored')}, int4 − float16 "
+                f"{difference(DOC_QWEN_MORE, DOC_QWEN_INT4 + ':stored', 'stored', 'commas')}, and gave float16's "
+                f"answer word for word on {same_across(DOC_QWEN_INT4, DOC_QWEN_MORE, 'stored')}",
+        lambda: f"{bytes_per_token('qwen-1.5b-int4')} bytes a token against {bytes_per_token('qwen-1.5b')} (0.28x); "
+                f"over the first 30 questions {difference(DOC_QWEN_15, DOC_QWEN_15_INT4 + ':stored', 'stored', 'commas')}, "
+                f"the same answer on {same_across(DOC_QWEN_15_INT4, DOC_QWEN_15, 'stored')}",
     ],
     "docs/translators.md": [
         lambda: f"{quality(DESIGN_ONE_CHUNK_15, 'oracle')} F1 against {quality(DESIGN_ONE_CHUNK_15, 'none')} (the first "
