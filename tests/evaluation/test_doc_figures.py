@@ -186,6 +186,10 @@ SENTENCES = {
                 f"{quality(DOC_QWEN_MORE, 'stored')}, int4 − float16 "
                 f"{difference(DOC_QWEN_MORE, DOC_QWEN_INT4 + ':stored', 'stored', 'commas')}, and gave float16's "
                 f"answer word for word on {same_across(DOC_QWEN_INT4, DOC_QWEN_MORE, 'stored')}",
+        lambda: f"{bytes_per_token('qwen-int8')} KV bytes a token (0.54x float16); `stored` scored "
+                f"{quality(DOC_QWEN_INT8, 'stored')}, int8 − float16 "
+                f"{difference(DOC_QWEN_MORE, DOC_QWEN_INT8 + ':stored', 'stored', 'commas')}, and gave float16's answer "
+                f"on {same_across(DOC_QWEN_INT8, DOC_QWEN_MORE, 'stored')}",
         lambda: f"{bytes_per_token('qwen-1.5b-int4')} bytes a token against {bytes_per_token('qwen-1.5b')} (0.28x); "
                 f"over the first 30 questions {difference(DOC_QWEN_15, DOC_QWEN_15_INT4 + ':stored', 'stored', 'commas')}, "
                 f"the same answer on {same_across(DOC_QWEN_15_INT4, DOC_QWEN_15, 'stored')}",
