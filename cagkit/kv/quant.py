@@ -34,12 +34,6 @@ def is_quantized(dtype: str) -> bool:
     return dtype in QUANT_BITS
 
 
-def bytes_per_value(dtype: str, head_dim: int = 64) -> float:
-    """Stored bytes per key or value element of a long document, scales included."""
-    bits = QUANT_BITS[dtype]
-    return bits / 8 + (4 / KEY_GROUP + 4 / _value_group(head_dim)) / 2
-
-
 def _value_group(head_dim: int) -> int:
     return VALUE_GROUP if head_dim % VALUE_GROUP == 0 else head_dim
 
