@@ -69,15 +69,17 @@ def run(args) -> int:
              if result.scope == "document" else "retrieved chunks")
     print(
         f"\n{result.model} ({result.mode}{Placement.from_settings(result.placement).describe()}), {result.context_tokens} "
-        f"context tokens ({scope}) by {result.retrieval} retrieval: {_breakdown(t)}, first token {t['ttft_ms']:.0f} ms "
+        f"context tokens ({scope}) by {result.retrieval} retrieval: {_breakdown(t, result.mode)}, first token {t['ttft_ms']:.0f} ms "
         f"(model load {t['model_ms']:.0f} ms before it), {t['tokens_per_s']:.1f} tokens/s"
     )
     return 0
 
 
-def _breakdown(t: dict) -> str:
-    """The steps before the first token that took time, in order: `retrieve 12 ms, load 40 ms, ...`."""
-    steps = [("retrieve", t["retrieve_ms"]), ("select", t["select_ms"]), ("load", t["load_ms"]),
+def _breakdown(t: dict, mode: str) -> str:
+    """The steps before the first token that took time, in order: `retrieve 12 ms, load 40 ms, ...` (`select_ms`
+    is `select` choosing its sentences, or `native` tokenising its text)."""
+    steps = [("retrieve", t["retrieve_ms"]), ("select" if mode == "select" else "text", t["select_ms"]),
+             ("load", t["load_ms"]),
              ("translate", t["translate_ms"] - t["repair_ms"]), ("repair", t["repair_ms"]), ("place", t["place_ms"]),
              ("prefill", t["prefill_ms"])]
     return ", ".join(f"{name} {ms:.0f} ms" for name, ms in steps if ms >= 0.5 or name in ("retrieve", "prefill"))
