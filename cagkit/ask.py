@@ -319,9 +319,9 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
         loaded_at = time.perf_counter()
         return ContextCache(prefix_cache(lm.model, []), prefix_ids + context_ids + suffix_ids, len(context_ids),
                             loaded_at, 0.0, source.mode, placement=source.settings(placement), reads_kv=False)
+    settings = source.settings(placement)
     key = None
     if warm is not None and not placement.blend:
-        settings = source.settings(placement)
         key = (lm.name, lm.fingerprint, str(store.path), tuple(h.chunk_id for h in placed), source.mode,
                json.dumps(settings, sort_keys=True, default=str), tuple(prefix_ids))
         looked_up = time.perf_counter()
@@ -343,11 +343,10 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     cache = place(lm, prefix_ids, kvs, tables)
     tokens = sum(kv.num_tokens for kv in kvs)
     if key is not None:  # kept for the next question; this one extends a copy
-        cache = warm.put(key, WarmContext(cache, tokens, source.mode, source.settings(placement), skipped,
-                                          cache_bytes(cache)))
+        cache = warm.put(key, WarmContext(cache, tokens, source.mode, settings, skipped, cache_bytes(cache)))
     synchronize(lm.device)
     return ContextCache(cache, suffix_ids, tokens, loaded_at, repaired_at - loaded_at, source.mode,
-                        repaired_at - translated_at, source.settings(placement), skipped,
+                        repaired_at - translated_at, settings, skipped,
                         place_s=time.perf_counter() - repaired_at)
 
 
@@ -395,12 +394,12 @@ def repair(lm: LoadedModel, source: PlacedSource, chunks: list[StoredChunk], kvs
 def _pieces(chunks: list[StoredChunk]) -> list[int]:
     """Each placed chunk's piece: the chunks of one document read whole and placed one after another continue one
     cache (one piece); every other chunk was prefilled apart, after its own copy of the prompt prefix."""
-    pieces = []
-    for i, c in enumerate(chunks):
-        before = chunks[i - 1] if i else None
+    pieces, piece = [], -1
+    for before, c in zip([None, *chunks], chunks):
         continues = (before is not None and c.context is not None and before.context is not None
                      and (c.doc_path, c.idx) == (before.doc_path, before.idx + 1))
-        pieces.append(pieces[-1] if continues else len(pieces) and pieces[-1] + 1)
+        piece += not continues
+        pieces.append(piece)
     return pieces
 
 

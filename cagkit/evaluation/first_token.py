@@ -64,7 +64,6 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)|\n\s*\n")
 
 
 DEFAULT_TEXT = "corpus/gutenberg/testing/chesterton-brown.txt"  # under $CAGKIT_DATA (default ../shared/data)
-DEFAULT_SIZES = (1024, 4096, 16384)
 
 
 def default_text() -> Path:
@@ -111,12 +110,12 @@ def run(args, sizes: list[int], out: Path, book: Path) -> dict:
     from cagkit.models.loading import load_model
 
     started = time.time()
-    dtype = getattr(args, "dtype", "float16")
-    store_dir = Path(args.store or f"results/stores/bench/{args.model}" + ("" if dtype == "float16" else f"-{dtype}"))
+    suffix = "" if args.dtype == "float16" else f"-{args.dtype}"
+    store_dir = Path(args.store or f"results/stores/bench/{args.model}{suffix}")
     files_dir = Path("results/bench-files") / args.model  # the torch.save baseline's files, removed per size
     lm = load_model(args.model, args.device)
     settings = {
-        "target": args.model, "dtype": dtype, "book": DEFAULT_TEXT if book == default_text() else str(book),
+        "target": args.model, "dtype": args.dtype, "book": DEFAULT_TEXT if book == default_text() else str(book),
         "question": args.question, "repeats": args.repeats, "top_k": TOP_K,
         "store": str(store_dir), "threads": torch.get_num_threads(), "device": str(lm.device),
         "command": _command(args),

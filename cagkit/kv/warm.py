@@ -78,10 +78,6 @@ class WarmCaches:
                 total -= dropped.nbytes
         return question_cache
 
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
 
 def cache_bytes(cache: DynamicCache) -> int:
     """The bytes of a cache's tensors."""
