@@ -150,7 +150,9 @@ class DocumentPrefill:
     """
 
     def __init__(self, model, prefix_ids: list[int], window: int, tables: RotaryTables | None = None,
-                 sink_tokens: int = SINK_TOKENS) -> None:
+                 sink_tokens: int = SINK_TOKENS, prefix_kv: ChunkKV | None = None) -> None:
+        """`prefix_kv`: the RoPE-free KV of `prefix_ids` (`prefix_kv` of an earlier reader, `prefill_kv`), so that
+        a run over many short documents prefills the prefix once rather than once a document."""
         if window < len(prefix_ids) + sink_tokens + 2:
             raise ValueError(f"a window of {window} tokens leaves no room after the prefix and sink")
         self.model = model
@@ -160,7 +162,12 @@ class DocumentPrefill:
         self.sink_tokens = sink_tokens
         self.read = 0  # document tokens read so far
         self.dropped = 0  # document tokens slid out of the window so far
-        self._sink: ChunkKV | None = prefill_kv(model, prefix_ids, self.tables) if prefix_ids else None
+        if prefix_kv is not None and prefix_kv.num_tokens != len(prefix_ids):
+            raise ValueError(f"prefix KV of {prefix_kv.num_tokens} tokens for a prefix of {len(prefix_ids)}")
+        if prefix_kv is None and prefix_ids:
+            prefix_kv = prefill_kv(model, prefix_ids, self.tables)
+        self.prefix_kv = prefix_kv  # never changed in place: the sink grows by concatenation
+        self._sink: ChunkKV | None = prefix_kv
         self._recent: ChunkKV | None = None  # the document tokens after the sink still in the window
 
     @property

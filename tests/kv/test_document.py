@@ -49,16 +49,24 @@ def lm(request) -> LoadedModel:
     return request.getfixturevalue(request.param)
 
 
-def _ingest(lm, store, monkeypatch, window=None, part_tokens=96):
+def _ingest(lm, store, monkeypatch, window=None, part_tokens=96, before=()):
+    """Ingest DOCUMENT as "doc", after the documents `before` ((name, text) pairs)."""
     monkeypatch.setattr(pipeline, "PART_TOKENS", part_tokens)  # several parts, each after the ones before it
-    return ingest_texts([("doc", DOCUMENT)], store=store, source=lm.name, chunk_tokens=24, dtype="float32",
-                        progress=False, window=window)
+    return ingest_texts([*before, ("doc", DOCUMENT)], store=store, source=lm.name, chunk_tokens=24,
+                        dtype="float32", progress=False, window=window)
 
 
 @torch.no_grad()
 def test_document_placed_whole_gives_native_logits(lm, tmp_path, monkeypatch):
+    """Also after another document: the prompt prefix is prefilled once for the run and its KV reused."""
     store = tmp_path / "st"
-    _ingest(lm, store, monkeypatch)
+    from cagkit.kv import prefill as prefill_module
+
+    prefix_runs = []
+    counted = prefill_module.prefill_kv
+    monkeypatch.setattr(prefill_module, "prefill_kv", lambda *a, **k: prefix_runs.append(1) or counted(*a, **k))
+    _ingest(lm, store, monkeypatch, before=[("first", SENTENCES[0])])
+    assert len(prefix_runs) == 1  # for two documents
     with Store.open(store) as st:
         doc = st.document("doc")
         assert (doc.prefill, doc.window) == ("document", 4096)
