@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--target", required=True, help="model that answers")
     p.add_argument("--methods", default=",".join(DEFAULT_EVAL_METHODS),
                    help=f"comma-separated, of {', '.join(EVAL_METHODS)}, each optionally with its own scope, as "
-                        "native@chunks (default: %(default)s)")
+                        "native@chunks, and those that place stored KV with their own repair, as "
+                        "stored+initial (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="chunks to retrieve (default: %(default)s)")
     p.add_argument("--full-context", action="store_true", help="give every method the whole context, no retrieval")

@@ -59,6 +59,13 @@ if TYPE_CHECKING:
 # the order a table reads in: the controls that read no stored KV, then the methods that do, then the diagnostic
 METHOD_ORDER = ("native", "none", "select", "source", "linear", "projector", "mot", "mot-placed", "oracle")
 CONTROL = "select"  # every method's paired difference is taken against it
+
+
+def _control(run: dict) -> str | None:
+    """The run's `select`: the method of that name, else one that names its own scope (`select@chunks`)."""
+    if CONTROL in run["methods"]:
+        return CONTROL
+    return next((m for m in run["methods"] if m.split("@", 1)[0] == CONTROL), None)
 _REQUIRED_KEYS = ("dataset", "source", "target", "command", "methods")
 _BAR_CHART = "quality_by_method.png"
 _SCATTER = "quality_vs_ttft.png"
@@ -265,8 +272,8 @@ def _frontier(runs: list[dict], closed_set: bool) -> list[str]:
 def _against_control(runs: list[dict], closed_set: bool) -> list[str]:
     """Markdown for one table of paired differences against `select`: a row per run that has it, a column per other
     method; nothing when no run has it."""
-    runs = [run for run in runs if CONTROL in run["methods"]]
-    methods = [m for m in _method_order(runs) if m != CONTROL]
+    runs = [run for run in runs if _control(run)]
+    methods = [m for m in _method_order(runs) if m.split("@", 1)[0] != CONTROL]
     if not runs or not methods:
         return []
     lines = [f"Against `{CONTROL}` (the target prefilling only the question's sentences, no stored KV): each "
@@ -275,9 +282,10 @@ def _against_control(runs: list[dict], closed_set: bool) -> list[str]:
     header = ["pair", "data", f"{CONTROL}", *(f"{m} − {CONTROL}" for m in methods)]
     lines += ["| " + " | ".join(header) + " |", "|---|---" + "|---:" * (len(header) - 2) + "|"]
     for run in runs:
-        cells = [f"{run['source']} → {run['target']}", _data_label(run),
-                 _fmt(_quality(run["methods"][CONTROL], closed_set), ".3f"),
-                 *(_interval(run, m, CONTROL, closed_set) if m in run["methods"] else _DASH for m in methods)]
+        control = _control(run)
+        cells = [f"{run['source']} → {run['target']}", _data_label(run) + ("" if control == CONTROL else f" ({control})"),
+                 _fmt(_quality(run["methods"][control], closed_set), ".3f"),
+                 *(_interval(run, m, control, closed_set) if m in run["methods"] else _DASH for m in methods)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -384,8 +392,8 @@ def _parse_spec(spec: str) -> tuple[Path, str]:
 def _section(run: dict) -> list[str]:
     closed_set = _is_closed_set(run)
     quality_columns = ["accuracy"] if closed_set else ["F1", "EM"]
-    against = CONTROL in run["methods"]
-    header = ["method", *quality_columns, *([f"− {CONTROL} (95% CI)"] if against else []), "recovery vs native",
+    control = _control(run)
+    header = ["method", *quality_columns, *([f"− {control} (95% CI)"] if control else []), "recovery vs native",
               "median TTFT ms", "median translate + repair ms", "KV bytes / context token", "n"]
     lines = [f"## {_label(run)}", ""]
     if run.get("settings"):
@@ -397,7 +405,7 @@ def _section(run: dict) -> list[str]:
         lines += [f"Settings: {settings}", ""]
     lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for method in _method_order([run]):
-        difference = [_interval(run, method, CONTROL, closed_set) if method != CONTROL else _DASH] if against else []
+        difference = [_interval(run, method, control, closed_set) if method != control else _DASH] if control else []
         lines.append("| " + " | ".join([method, *_row(run["methods"][method], closed_set, difference)]) + " |")
     return lines + ["", "Reproduce with:", "", "```", reproduce_command(run), "```", ""]
 
@@ -520,7 +528,7 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
                      "placement": _method_placement(run, scores, method),
                      "questions": scores.get("n"), "accuracy" if closed_set else "f1": _quality(scores, closed_set),
                      "ttft_ms_median": scores.get("ttft_ms_median"), "against": {}}
-            for control in ("select", "none"):
+            for control in (_control(run), "none"):
                 if control in run["methods"] and (pairs := _shared_scores(scores, run["methods"][control], closed_set)):
                     mean, low, high = paired_bootstrap([x - y for x, y in pairs])
                     entry["against"][control] = {"questions": len(pairs), "mean": mean, "low": low, "high": high}

@@ -19,6 +19,10 @@ reused across runs). Each question is then answered from the chunks of its own d
                translators' output is: the cache a perfect translator would give, i.e. the ceiling of every
                translated method on this store layout (a diagnostic; it costs a native prefill)
 
+A method that places stored KV may name its own repair and scope: `stored+deviation@document` recomputes
+`--blend` of the context (15% when not given, at any scope) chosen by `deviation` (any of `--blend-select`'s
+choices), so several repairs are compared side by side, paired, in one run.
+
 Open questions are answered greedily and scored by SQuAD exact match and token F1; closed-set questions choose
 the option whose tokens have the highest mean log-likelihood after the prompt. Time to first token is measured
 from after retrieval (retrieval is the same for every method) to the logits of the first answer token.
@@ -44,6 +48,7 @@ import torch
 
 from cagkit.ask import answer_from_chunks, build_context_cache, check_scope, choose_scope, default_blend
 from cagkit.config import (
+    BLEND_SELECT,
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_PREFILL,
     DEFAULT_SCOPE,
@@ -108,7 +113,8 @@ def run_eval(
         source: the model that prefills the documents into the store.
         target: the model that answers (every method but `source`).
         methods: any of `cagkit.config.EVAL_METHODS` (native, none, select, source, stored, linear, projector,
-            mot, mot-placed, oracle), each optionally with its own scope, as `native@chunks` (`scope` otherwise).
+            mot, mot-placed, oracle), each optionally with its own scope, as `native@chunks` (`scope` otherwise),
+            and those that place KV with their own repair, as `stored+initial` (the module's docstring).
         limit: the first `limit` questions only (all if None).
         top_k: chunks retrieved per question, from that question's own documents.
         full_context: give every method all chunks of the question's documents instead of retrieving.
@@ -189,7 +195,7 @@ def run_eval(
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}
         for m in methods:  # a method that places chunks otherwise than the run's settings say records how
             own = _placement(m, placement)
-            if not blend_given and (_own_scope(m) or scope) == "document" and own.blend:
+            if not blend_given and (_own_scope(m) or scope) == "document" and own.blend and not _own_repair(m):
                 own = replace(own, blend=default_blend(_mode(m), "document")).effective()
             if own != placement:
                 about[m]["placement"] = own.settings()
@@ -229,7 +235,7 @@ def run_eval(
                 placed, used, _ = choose_scope(st, [] if _base(m) == "none" else hits, _own_scope(m) or scope,
                                                room, _mode(m))
                 own = _placement(m, placement)
-                if not blend_given:
+                if not blend_given and not _own_repair(m):
                     own = replace(own, blend=default_blend(_mode(m), used)).effective() if own.blend else own
                 record = evaluate_example(models[m], st, placed, example, _mode(m), max_new_tokens, own, used)
                 record["scope"] = used
@@ -406,21 +412,33 @@ def _recovery(records: list[dict], native: list[dict] | None) -> float | None:
 
 def _check_methods(methods: list[str]) -> list[str]:
     methods = list(dict.fromkeys(m.strip() for m in methods if m.strip()))
-    unknown = [m for m in methods if _base(m) not in EVAL_METHODS or _own_scope(m) not in (None, "document", "chunks")]
+    unknown = [m for m in methods if _base(m) not in EVAL_METHODS or _own_scope(m) not in (None, "document", "chunks")
+               or _own_repair(m) not in (None, *BLEND_SELECT)]
     if unknown or not methods:
-        raise CagkitError(f"unknown --methods {', '.join(unknown) or '(none given)'}; "
-                          f"use any of {', '.join(EVAL_METHODS)}, each optionally with @document or @chunks")
+        raise CagkitError(f"unknown --methods {', '.join(unknown) or '(none given)'}; use any of "
+                          f"{', '.join(EVAL_METHODS)}, each optionally with @document or @chunks, and those that "
+                          f"place stored KV with +{' or +'.join(BLEND_SELECT)}")
+    fixed = [m for m in methods if _own_repair(m) and (_base(m) in TARGET_NATIVE or _base(m) == "mot-placed")]
+    if fixed:
+        raise CagkitError(f"--methods {', '.join(fixed)}: only the methods that place stored KV (source, stored, "
+                          f"linear, projector, mot) take a repair of their own; drop the +{_own_repair(fixed[0])}")
     return methods
 
 
 def _base(method: str) -> str:
-    """A method without its own scope: `native@chunks` -> `native`."""
-    return method.split("@", 1)[0]
+    """A method without its own repair or scope: `native@chunks` -> `native`, `stored+initial` -> `stored`."""
+    return method.split("@", 1)[0].split("+", 1)[0]
 
 
 def _own_scope(method: str) -> str | None:
     """The scope a method names for itself (`native@chunks` -> `chunks`), or None: the run's."""
     return method.split("@", 1)[1] if "@" in method else None
+
+
+def _own_repair(method: str) -> str | None:
+    """The repair a method names for itself (`stored+deviation@document` -> `deviation`), or None: the run's."""
+    head = method.split("@", 1)[0]
+    return head.split("+", 1)[1] if "+" in head else None
 
 
 def _mode(method: str) -> str:
@@ -433,8 +451,13 @@ def _mode(method: str) -> str:
 
 
 def _placement(method: str, placement: Placement) -> Placement:
-    """The placement a method answers with: the run's, except `mot-placed`, which never blends."""
-    return replace(placement, blend=0.0).effective() if _base(method) == "mot-placed" else placement
+    """The placement a method answers with: the run's, except `mot-placed`, which never blends, and a method
+    with its own repair (`stored+initial`): the run's blend, or `Placement.blend` where the run's is 0."""
+    if _base(method) == "mot-placed":
+        return replace(placement, blend=0.0).effective()
+    if select := _own_repair(method):
+        return replace(placement, blend=placement.blend or Placement.blend, blend_select=select)
+    return placement
 
 
 def _method_problem(method: str, lm: LoadedModel, store: Store, placement: Placement) -> str | None:

@@ -1,6 +1,7 @@
 """`cagkit eval`'s runner on tiny random Llama models with the real SmolLM2 tokenizer: results schema, closed-set
 scoring against a hand computation, restricted retrieval, missing translators and resuming."""
 
+import importlib
 import json
 
 import pytest
@@ -398,3 +399,36 @@ def test_a_results_file_from_before_scope_resumes_only_at_chunk_scope():
     assert _identity(new) == _identity(old)  # --scope chunks, --blend left to the scope: 0.15, as before
     moved = {**old, "settings": {**old["settings"], "scope": "auto", "blend_by_scope": True}}
     assert _identity(moved) != _identity(old)
+
+
+def test_methods_name_their_own_repair_side_by_side(models, tmp_path, monkeypatch):
+    """`stored+initial` and `stored+deviation@document` recompute the default share by their own rule beside
+    `stored`, which places two documents cached apart as stored (blend 0 at document scope), in one run; the
+    report takes `select@chunks` as the run's control."""
+    from cagkit.evaluation.report import _section
+
+    data = tmp_path / "two.jsonl"
+    data.write_text(json.dumps({"id": "q1", "question": "Where does the Seine flow?", "answers": ["Paris"],
+                                "documents": [PARIS, "The Nile is a long river in Africa. It flows north."]}) + "\n")
+    methods = ["stored", "stored+initial", "stored+deviation@document", "select@chunks"]
+    ask_module = importlib.import_module("cagkit.ask")  # the package's `ask` is the function
+    blends = []  # (ratio, priority given) of every repair the answers ran
+    real = ask_module.blend_chunks
+    monkeypatch.setattr(ask_module, "blend_chunks", lambda *a: blends.append((a[4], a[6] is not None)) or real(*a))
+    out = run_eval(data=data, source=SOURCE, target=SOURCE, methods=methods, store=tmp_path / "store",
+                   out=tmp_path / "results.json", max_new_tokens=2, scope="document", blend=None)
+    run = json.loads(out.read_text())
+    got = run["methods"]
+    assert run["complete"] and all(got[m]["n"] == 1 for m in methods)
+    assert got["stored"]["placement"]["blend"] == 0
+    for method, select in (("stored+initial", "initial"), ("stored+deviation@document", "deviation")):
+        assert got[method]["placement"]["blend"] == 0.15 and got[method]["placement"]["blend_select"] == select
+        assert got[method]["examples"][0]["scope"] == "document"
+    # stored placed the two documents as stored; initial ranked tokens by position, deviation by the layer-1 error
+    assert blends == [(0.15, True), (0.15, False)]
+    command = run["command"].split()
+    assert set(command[command.index("--methods") + 1].split(",")) == set(methods)
+    assert "| stored | " in "\n".join(_section(run)) and "− select@chunks (95% CI)" in "\n".join(_section(run))
+    for wrong, says in (("native+initial", r"drop the \+initial"), ("stored+bogus", r"\+question or \+deviation")):
+        with pytest.raises(CagkitError, match=says):
+            runner._check_methods([wrong])
