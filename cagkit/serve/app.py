@@ -195,8 +195,9 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        version = await asyncio.to_thread(state.reader.version)  # a LanceDB store on S3 asks the bucket
         return {"status": "ok", "models": list(config.models), "loaded": state.pool.loaded(),
-                "store": str(config.store), "store_exists": state.reader.version() is not None}
+                "store": str(config.store), "store_exists": version is not None}
 
     @app.get("/metrics")
     async def metrics():
