@@ -63,6 +63,15 @@ class WarmCaches:
             self.hits += 1
         return entry, copy.deepcopy(entry.cache)
 
+    def drop_model(self, name: str) -> int:
+        """Forget every context kept for the model `name` (the first part of each key), as when it is unloaded;
+        returns how many were dropped."""
+        with self._lock:
+            gone = [key for key in self._entries if key[0] == name]
+            for key in gone:
+                del self._entries[key]
+        return len(gone)
+
     def put(self, key: tuple, entry: WarmContext) -> DynamicCache:
         """Keep `entry` (unless it alone is over the bound), evicting the least recently used past `max_bytes`;
         returns a cache for the caller's question, a copy when the entry was kept."""

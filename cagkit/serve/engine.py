@@ -66,7 +66,9 @@ class ServerState:
 
     def __init__(self, config: ServeConfig):
         self.config = config
-        self.pool = ModelPool(config.models, config.max_loaded, config.device)
+        self.contexts = WarmCaches(config.cache_bytes)  # placed documents kept for the next question on them
+        # an unloaded model's warm contexts go with it: they hold its cache, and it may not be asked again soon
+        self.pool = ModelPool(config.models, config.max_loaded, config.device, on_unload=lambda lm: self.contexts.drop_model(lm.name))
         self.reader = StoreReader(config.store)
         self.jobs = IngestJobs(self.reader, config.device)
         self.metrics = Metrics()
@@ -74,7 +76,6 @@ class ServerState:
         # threads at once, and a query takes milliseconds, so retrievals take turns.
         self.embed_lock = threading.Lock()
         self.answering: set[Answering] = set()  # requests not finished yet, stopped when the server stops
-        self.contexts = WarmCaches(config.cache_bytes)  # placed documents kept for the next question on them
 
     def warm(self) -> None:
         """Load the first --max-loaded models and the retrieval embedder, so that the first request waits for

@@ -22,8 +22,12 @@ class ModelPool:
     that no request is using is unloaded first, or, when all are in use, the load waits for one to finish.
     """
 
-    def __init__(self, names: tuple[str, ...], max_loaded: int, device: str | None = None):
+    def __init__(self, names: tuple[str, ...], max_loaded: int, device: str | None = None,
+                 on_unload: Callable[[LoadedModel], object] | None = None):
+        """`on_unload(model)` runs after a model is unloaded to make room for another (the server drops its warm
+        contexts, which hold that model's cache)."""
         self.names = names
+        self.on_unload = on_unload
         self.max_loaded = max_loaded
         self.device = device
         self._threads = {name: ThreadPoolExecutor(1, thread_name_prefix=f"cagkit-model-{i}")
@@ -72,8 +76,10 @@ class ModelPool:
                 if idle is None:
                     self._changed.wait()
                     continue
-                del self._loaded[idle]
+                gone = self._loaded.pop(idle)
                 unload_model(idle, self.device)
+                if self.on_unload is not None:
+                    self.on_unload(gone)
             self._loaded[name] = None  # holds the place while it loads, outside the lock (seconds)
         try:
             lm = load_model(name, self.device)

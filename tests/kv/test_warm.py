@@ -90,3 +90,27 @@ def _cache(nbytes):
     n = max(1, nbytes // 8)
     cache.update(torch.zeros(1, 1, n, 1), torch.zeros(1, 1, n, 1), 0)
     return cache
+
+
+def test_a_model_unloaded_by_the_server_takes_its_warm_contexts_with_it(monkeypatch):
+    """The server's pool of one loaded model: loading the second unloads the first, and the contexts kept for the
+    first (keyed by its name) go; the second's stay."""
+    from types import SimpleNamespace
+
+    from cagkit.serve import models as pool_module
+    from cagkit.serve.models import ModelPool
+
+    monkeypatch.setattr(pool_module, "load_model", lambda name, device=None: SimpleNamespace(name=f"{name}-display"))
+    monkeypatch.setattr(pool_module, "unload_model", lambda name, device=None: None)
+    warm = WarmCaches(1 << 20)
+    for model in ("alpha-display", "alpha-display", "beta-display"):
+        warm.put((model, len(warm)), WarmContext(_cache(64), 0, "stored", {}, [], 64))
+    pool = ModelPool(("alpha", "beta"), 1, on_unload=lambda lm: warm.drop_model(lm.name))
+    try:
+        pool.submit("alpha", lambda lm: None).result()
+        assert len(warm) == 3
+        pool.submit("beta", lambda lm: None).result()  # alpha goes to make room
+        assert pool.loaded() == ["beta"] and [key[0] for key in warm._entries] == ["beta-display"]
+    finally:
+        pool.close()
+    assert warm.drop_model("nobody") == 0
