@@ -105,7 +105,7 @@ DESIGN_HOTPOT_15 = "designs/hotpotqa-smollm2-qwen-1.5b-q15.json"
 # document caches (docs/document-caches.md): stores written by the answering model, every method at document scope
 # unless its name says @chunks; native on the first questions only (it equals stored by construction)
 DOC_QWEN, DOC_QWEN_MORE = "document-caches/squad_v2-qwen-doc.json", "document-caches/squad_v2-qwen-doc-200.json"
-DOC_QWEN_15 = "document-caches/squad_v2-qwen-1.5b-doc.json"
+DOC_QWEN_15, DOC_GEMMA_MORE = "document-caches/squad_v2-qwen-1.5b-doc.json", "document-caches/squad_v2-gemma-doc-200.json"
 DOC_QWEN_15_NATIVE, DOC_GEMMA = "document-caches/squad_v2-qwen-1.5b-doc-native.json", "document-caches/squad_v2-gemma-doc.json"
 DOC_FOCUS, DOC_FOCUS_15 = "document-caches/squad_v2-qwen-doc-focus.json", "document-caches/squad_v2-qwen-1.5b-doc-focus.json"
 # the same stores written in int4 or int8 (docs/speed.md), and what `cagkit store info --json` said of them
@@ -162,6 +162,8 @@ SENTENCES = {
         lambda: f"({ratio(DOC_GEMMA, 'stored', 'native')}, {ratio(DOC_QWEN, 'stored', 'native')} and "
                 f"{ratio(DOC_QWEN_15_NATIVE, 'stored', 'native')} of it)",
         lambda: f"(select − stored: {difference(DOC_GEMMA, 'select@chunks', 'stored', 'commas')})",
+        lambda: f"stored {quality(DOC_GEMMA_MORE, 'stored')} F1 against select's {quality(DOC_GEMMA_MORE, 'select@chunks')}, "
+                f"{difference(DOC_GEMMA_MORE, 'stored', 'select@chunks')}",
         lambda: f"{quality(DOC_TRANSLATED, 'stored')} F1 against select's {quality(DOC_TRANSLATED, 'select@chunks')} "
                 f"({difference(DOC_TRANSLATED, 'stored', 'select@chunks', 'commas')}) and no context's "
                 f"{quality(DOC_TRANSLATED, 'none')}, its first token {times(DOC_TRANSLATED, 'stored', 'select@chunks')} "
