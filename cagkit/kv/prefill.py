@@ -98,20 +98,26 @@ def prefix_cache(model, prefix_ids: list[int]) -> DynamicCache:
     The prefix is the same for every question, so its KV is computed once per model and prefix (the decoder
     alone: no LM head over its tokens) and each call gets a cache of its own holding a copy."""
     cache = DynamicCache(config=model.config)
+    for layer, (keys, values) in enumerate(prefix_layers(model, prefix_ids)):
+        cache.update(keys.clone(), values.clone(), layer)
+    return cache
+
+
+def prefix_layers(model, prefix_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values) [1, H, P, D] of the prefix prefilled at positions 0..P-1, RoPE applied, as a
+    cache holds them; computed once per model and prefix and shared, so callers copy before they extend."""
     if not prefix_ids:
-        return cache
+        return []
     memo = model.__dict__.setdefault("_cagkit_prefix_kv", {})
     key = tuple(prefix_ids)
     if key not in memo:
-        built = DynamicCache(config=model.config)
+        built = DynamicCache()  # config-less: a prefix longer than a sliding window keeps every token
         ids = torch.tensor([prefix_ids], dtype=torch.long, device=model_device(model))
         decoder_stack(model)(input_ids=ids, cache=built, use_cache=True)
         if len(memo) >= 8:  # a few prompts' prefixes per model (one per chat template in practice)
             memo.pop(next(iter(memo)))
         memo[key] = [(layer.keys, layer.values) for layer in built.layers]
-    for layer, (keys, values) in enumerate(memo[key]):
-        cache.update(keys.clone(), values.clone(), layer)
-    return cache
+    return memo[key]
 
 
 def sink_ids(lm: LoadedModel) -> list[int]:

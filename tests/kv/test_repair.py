@@ -113,3 +113,25 @@ def test_question_priority_ranks_the_relevant_sentence_first_and_blend_recompute
     assert changed.nonzero().flatten().tolist() == [3, 4, 5, 6]
     with pytest.raises(ValueError, match="priority"):
         blend(model, prefix, alone, chunk_ids, 0.5, priority=order[:-1])
+
+
+def test_the_repair_prefills_the_prompt_prefix_once_per_model(smollm2_tokenizer):
+    """The prefix's KV is the one `prefix_cache` keeps per model, so a second repair runs no pass over it, and
+    answers the same."""
+    from cagkit.models.architecture import decoder_stack
+
+    model = make_tiny_llama(smollm2_tokenizer, layers=4)
+    prefix, chunk_ids, alone, _ = _chunks_and_joint(model, smollm2_tokenizer)
+    passes = []  # the tokens of every pass through the decoder stack
+    hook = decoder_stack(model).register_forward_pre_hook(
+        lambda module, args, kwargs: passes.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        first = blend(model, prefix, alone, chunk_ids, 0.5)
+        second = blend(model, prefix, alone, chunk_ids, 0.5)
+    finally:
+        hook.remove()
+    context = sum(len(c) for c in chunk_ids)
+    # the first: prefix (memoised), bottom layers jointly, the chosen half; the second: the last two only
+    assert passes == [len(prefix) + context, len(prefix), context // 2, len(prefix) + context, context // 2]
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
