@@ -112,6 +112,8 @@ DOC_FOCUS, DOC_FOCUS_15 = "document-caches/squad_v2-qwen-doc-focus.json", "docum
 DOC_QWEN_INT4, DOC_QWEN_INT8 = "document-caches/squad_v2-qwen-doc-int4.json", "document-caches/squad_v2-qwen-doc-int8.json"
 DOC_QWEN_15_INT4 = "document-caches/squad_v2-qwen-1.5b-doc-int4.json"
 DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's store read by gemma, translated
+# HotpotQA's paragraphs, each its own document cached apart by qwen-1.5b, joined; the repairs in a run beside it
+JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 
 SENTENCES = {
     "README.md": [
@@ -121,6 +123,10 @@ SENTENCES = {
                 f"({difference(DOC_QWEN_15, 'stored', 'select@chunks', 'commas')})",
         lambda: f"{quality(DOC_QWEN_MORE, 'stored')} against {quality(DOC_QWEN_MORE, 'select@chunks')} with qwen "
                 f"({difference(DOC_QWEN_MORE, 'stored', 'select@chunks', 'commas')})",
+        lambda: f"qwen-1.5b's own caches did beat select, {quality(JOINED, 'stored')} against "
+                f"{quality(JOINED, 'select@chunks')} ({difference(JOINED, 'stored', 'select@chunks', 'commas')}), at "
+                f"{ratio(JOINED, 'stored', 'select@chunks')} of its first-token time, yet stayed below native prefill's "
+                f"{quality(JOINED, 'native')}",
         lambda: f"select scores {quality(SQUAD_QWEN, 'select')} F1 against {quality(SQUAD_QWEN, 'mot')}",
         lambda: f"translated KV score higher ({quality(SQUAD_GEMMA, 'mot')} against {quality(SQUAD_GEMMA, 'select')}) "
                 f"at {times(SQUAD_GEMMA, 'mot', 'select')} times the wait",
@@ -164,6 +170,19 @@ SENTENCES = {
         lambda: f"(select − stored: {difference(DOC_GEMMA, 'select@chunks', 'stored', 'commas')})",
         lambda: f"stored {quality(DOC_GEMMA_MORE, 'stored')} F1 against select's {quality(DOC_GEMMA_MORE, 'select@chunks')}, "
                 f"{difference(DOC_GEMMA_MORE, 'stored', 'select@chunks')}",
+        lambda: f"qwen-1.5b's own caches scored {quality(JOINED, 'stored')} F1 against select's "
+                f"{quality(JOINED, 'select@chunks')}, {difference(JOINED, 'stored', 'select@chunks')}, and answered at "
+                f"{ratio(JOINED, 'stored', 'select@chunks')} of select's first-token time",
+        lambda: f"four paragraphs together scored {quality(JOINED, 'native')} (stored − native "
+                f"{difference(JOINED, 'stored', 'native', 'commas')}), with stored's first token at "
+                f"{ratio(JOINED, 'stored', 'native')} of native's",
+        lambda: f"(CacheBlend's rule) {quality(JOINS, 'stored+deviation')}, "
+                f"{difference(JOINS, 'stored+deviation', 'select@chunks')} against select, and "
+                f"{difference(JOINED, JOINS + ':stored+deviation', 'stored')} against the join as stored; at the start "
+                f"of each document (EPIC's rule) {quality(JOINS, 'stored+initial')}; by the question's sentences "
+                f"{quality(JOINS, 'stored+question')}",
+        lambda: f"the deviation's {quality(JOINS, 'stored+deviation')} is native "
+                f"{difference(JOINED, JOINS + ':stored+deviation', 'native')}",
         lambda: f"{quality(DOC_TRANSLATED, 'stored')} F1 against select's {quality(DOC_TRANSLATED, 'select@chunks')} "
                 f"({difference(DOC_TRANSLATED, 'stored', 'select@chunks', 'commas')}) and no context's "
                 f"{quality(DOC_TRANSLATED, 'none')}, its first token {times(DOC_TRANSLATED, 'stored', 'select@chunks')} "
