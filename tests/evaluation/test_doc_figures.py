@@ -74,6 +74,17 @@ def same_across(file: str, other: str, method: str) -> str:
     return f"{sum(mine[i] == theirs[i] for i in shared)} of {len(shared)}"
 
 
+def bench_ratio(page: str, tokens: int, method: str) -> str:
+    """A `cagkit bench` results file's median first token of `method` over native's, at the size of `tokens`."""
+    rows = json.loads((RESULTS / page).read_text())["rows"]
+    return f"{next(r for r in rows if r['document_tokens'] == tokens)['ratio_to_native'][method]:.4f}"
+
+
+def bench_megabytes(page: str, tokens: int) -> str:
+    rows = json.loads((RESULTS / page).read_text())["rows"]
+    return f"{next(r for r in rows if r['document_tokens'] == tokens)['store_kv_bytes'] / 1e6:.1f} MB"
+
+
 def bytes_per_token(store: str) -> str:
     """The KV bytes a stored token takes, from a saved `cagkit store info --json`: `3,532`."""
     info = json.loads((RESULTS / "document-caches" / f"store-info-{store}.json").read_text())
@@ -114,6 +125,7 @@ DOC_QWEN_15_INT4 = "document-caches/squad_v2-qwen-1.5b-doc-int4.json"
 DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's store read by gemma, translated
 # HotpotQA's paragraphs, each its own document cached apart by qwen-1.5b, joined; the repairs in a run beside it
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
+JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
 
 SENTENCES = {
     "README.md": [
@@ -181,6 +193,10 @@ SENTENCES = {
                 f"{difference(JOINED, JOINS + ':stored+deviation', 'stored')} against the join as stored; at the start "
                 f"of each document (EPIC's rule) {quality(JOINS, 'stored+initial')}; by the question's sentences "
                 f"{quality(JOINS, 'stored+question')}",
+        lambda: f"the join as stored answered at {ratio(JOINS_TIME, 'stored', 'native')} of native's first token and the "
+                f"repairs at {ratio(JOINS_TIME, 'stored+question', 'native')} (question), "
+                f"{ratio(JOINS_TIME, 'stored+deviation', 'native')} (deviation) and "
+                f"{ratio(JOINS_TIME, 'stored+initial', 'native')} (initial)",
         lambda: f"the deviation's {quality(JOINS, 'stored+deviation')} is native "
                 f"{difference(JOINED, JOINS + ':stored+deviation', 'native')}",
         lambda: f"{quality(DOC_TRANSLATED, 'stored')} F1 against select's {quality(DOC_TRANSLATED, 'select@chunks')} "
@@ -202,6 +218,11 @@ SENTENCES = {
                 f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
     ],
     "docs/speed.md": [
+        lambda: f"4,091 tokens the int8 store's first token took {bench_ratio('bench-qwen-int8.json', 4091, 'stored')} of "
+                f"native prefill's and the `torch.save` baseline's {bench_ratio('bench-qwen-int8.json', 4091, 'torch_save')}",
+        lambda: f"gave {bench_ratio('bench-qwen.json', 4091, 'stored')} and {bench_ratio('bench-qwen.json', 4091, 'torch_save')}",
+        lambda: f"the document's KV took {bench_megabytes('bench-qwen-int8.json', 4091)} on disk against "
+                f"{bench_megabytes('bench-qwen.json', 4091)}",
         lambda: f"{bytes_per_token('qwen-int4')} KV bytes a token on disk against {bytes_per_token('qwen')} for float16",
         lambda: f"`stored` scored {quality(DOC_QWEN_INT4, 'stored')} F1 against float16's "
                 f"{quality(DOC_QWEN_MORE, 'stored')}, int4 − float16 "
