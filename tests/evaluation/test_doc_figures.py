@@ -126,6 +126,7 @@ DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's 
 # HotpotQA's paragraphs, each its own document cached apart by qwen-1.5b, joined; the repairs in a run beside it
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
+STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
 
 SENTENCES = {
     "README.md": [
@@ -197,6 +198,11 @@ SENTENCES = {
                 f"repairs at {ratio(JOINS_TIME, 'stored+question', 'native')} (question), "
                 f"{ratio(JOINS_TIME, 'stored+deviation', 'native')} (deviation) and "
                 f"{ratio(JOINS_TIME, 'stored+initial', 'native')} (initial)",
+        lambda: f"stored {quality(STORIES, 'stored')} accuracy, select {quality(STORIES, 'select@chunks')}, no context "
+                f"{quality(STORIES, 'none')}",
+        lambda: f"(stored − select {difference(STORIES, 'stored', 'select@chunks', 'commas')})",
+        lambda: f"stored gave native's answer on {same_answers(STORIES_NATIVE, 'stored', 'native')} at "
+                f"{ratio(STORIES_NATIVE, 'stored', 'native')} of its first-token time",
         lambda: f"the deviation's {quality(JOINS, 'stored+deviation')} is native "
                 f"{difference(JOINED, JOINS + ':stored+deviation', 'native')}",
         lambda: f"{quality(DOC_TRANSLATED, 'stored')} F1 against select's {quality(DOC_TRANSLATED, 'select@chunks')} "
