@@ -59,13 +59,6 @@ if TYPE_CHECKING:
 # the order a table reads in: the controls that read no stored KV, then the methods that do, then the diagnostic
 METHOD_ORDER = ("native", "none", "select", "source", "linear", "projector", "mot", "mot-placed", "oracle")
 CONTROL = "select"  # every method's paired difference is taken against it
-
-
-def _control(run: dict) -> str | None:
-    """The run's `select`: the method of that name, else one that names its own scope (`select@chunks`)."""
-    if CONTROL in run["methods"]:
-        return CONTROL
-    return next((m for m in run["methods"] if m.split("@", 1)[0] == CONTROL), None)
 _REQUIRED_KEYS = ("dataset", "source", "target", "command", "methods")
 _BAR_CHART = "quality_by_method.png"
 _SCATTER = "quality_vs_ttft.png"
@@ -269,6 +262,13 @@ def _frontier(runs: list[dict], closed_set: bool) -> list[str]:
     return lines + [""]
 
 
+def _control(run: dict) -> str | None:
+    """The run's `select`: the method of that name, else one that names its own scope (`select@chunks`)."""
+    if CONTROL in run["methods"]:
+        return CONTROL
+    return next((m for m in run["methods"] if m.split("@", 1)[0] == CONTROL), None)
+
+
 def _against_control(runs: list[dict], closed_set: bool) -> list[str]:
     """Markdown for one table of paired differences against `select`: a row per run that has it, a column per other
     method; nothing when no run has it."""
@@ -283,7 +283,8 @@ def _against_control(runs: list[dict], closed_set: bool) -> list[str]:
     lines += ["| " + " | ".join(header) + " |", "|---|---" + "|---:" * (len(header) - 2) + "|"]
     for run in runs:
         control = _control(run)
-        cells = [f"{run['source']} → {run['target']}", _data_label(run) + ("" if control == CONTROL else f" ({control})"),
+        data = _data_label(run) + ("" if control == CONTROL else f" ({control})")
+        cells = [f"{run['source']} → {run['target']}", data,
                  _fmt(_quality(run["methods"][control], closed_set), ".3f"),
                  *(_interval(run, m, control, closed_set) if m in run["methods"] else _DASH for m in methods)]
         lines.append("| " + " | ".join(cells) + " |")

@@ -68,7 +68,8 @@ class ServerState:
         self.config = config
         self.contexts = WarmCaches(config.cache_bytes)  # placed documents kept for the next question on them
         # an unloaded model's warm contexts go with it: they hold its cache, and it may not be asked again soon
-        self.pool = ModelPool(config.models, config.max_loaded, config.device, on_unload=lambda lm: self.contexts.drop_model(lm.name))
+        self.pool = ModelPool(config.models, config.max_loaded, config.device,
+                              on_unload=lambda lm: self.contexts.drop_model(lm.name))
         self.reader = StoreReader(config.store)
         self.jobs = IngestJobs(self.reader, config.device)
         self.metrics = Metrics()
