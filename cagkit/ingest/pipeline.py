@@ -281,8 +281,6 @@ class DocumentReading:
 
     prefix_ids: tuple[int, ...]
     window: int
-    # the prefix's KV by model, prefilled by the first document a model reads and reused by the rest
-    _prefix_kv: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, lm, chunk_tokens: int, window: int | None) -> "DocumentReading":
@@ -340,10 +338,7 @@ class DocumentReading:
         return out
 
     def start(self, lm, tables) -> "_DocumentReader":
-        prefill = DocumentPrefill(lm.model, list(self.prefix_ids), self.window, tables,
-                                  prefix_kv=self._prefix_kv.get(lm.fingerprint))
-        self._prefix_kv[lm.fingerprint] = prefill.prefix_kv
-        return _DocumentReader(self, prefill)
+        return _DocumentReader(self, DocumentPrefill(lm.model, list(self.prefix_ids), self.window, tables))
 
 
 # The window when a model's config names no context length.

@@ -98,16 +98,17 @@ def prefix_cache(model, prefix_ids: list[int]) -> DynamicCache:
     The prefix is the same for every question, so its KV is computed once per model and prefix (the decoder
     alone: no LM head over its tokens) and each call gets a cache of its own holding a copy."""
     cache = DynamicCache(config=model.config)
-    for layer, (keys, values) in enumerate(prefix_layers(model, prefix_ids)):
-        cache.update(keys.clone(), values.clone(), layer)
+    for layer, held in enumerate(shared_prefix(model, prefix_ids).layers):
+        cache.update(held.keys.clone(), held.values.clone(), layer)
     return cache
 
 
-def prefix_layers(model, prefix_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each layer's (keys, values) [1, H, P, D] of the prefix prefilled at positions 0..P-1, RoPE applied, as a
-    cache holds them; computed once per model and prefix and shared, so callers copy before they extend."""
+def shared_prefix(model, prefix_ids: list[int]) -> DynamicCache:
+    """The prefix prefilled at positions 0..P-1 into a config-less cache (RoPE applied), computed once per model
+    and prefix and shared by every caller (`prefix_cache`, the repair, `DocumentPrefill`): they copy from it and
+    never change it."""
     if not prefix_ids:
-        return []
+        return DynamicCache()
     memo = model.__dict__.setdefault("_cagkit_prefix_kv", {})
     key = tuple(prefix_ids)
     if key not in memo:
@@ -116,7 +117,7 @@ def prefix_layers(model, prefix_ids: list[int]) -> list[tuple[torch.Tensor, torc
         decoder_stack(model)(input_ids=ids, cache=built, use_cache=True)
         if len(memo) >= 8:  # a few prompts' prefixes per model (one per chat template in practice)
             memo.pop(next(iter(memo)))
-        memo[key] = [(layer.keys, layer.values) for layer in built.layers]
+        memo[key] = built
     return memo[key]
 
 
@@ -156,9 +157,7 @@ class DocumentPrefill:
     """
 
     def __init__(self, model, prefix_ids: list[int], window: int, tables: RotaryTables | None = None,
-                 sink_tokens: int = SINK_TOKENS, prefix_kv: ChunkKV | None = None) -> None:
-        """`prefix_kv`: the RoPE-free KV of `prefix_ids` (`prefix_kv` of an earlier reader, `prefill_kv`), so that
-        a run over many short documents prefills the prefix once rather than once a document."""
+                 sink_tokens: int = SINK_TOKENS) -> None:
         if window < len(prefix_ids) + sink_tokens + 2:
             raise ValueError(f"a window of {window} tokens leaves no room after the prefix and sink")
         self.model = model
@@ -168,12 +167,11 @@ class DocumentPrefill:
         self.sink_tokens = sink_tokens
         self.read = 0  # document tokens read so far
         self.dropped = 0  # document tokens slid out of the window so far
-        if prefix_kv is not None and prefix_kv.num_tokens != len(prefix_ids):
-            raise ValueError(f"prefix KV of {prefix_kv.num_tokens} tokens for a prefix of {len(prefix_ids)}")
-        if prefix_kv is None and prefix_ids:
-            prefix_kv = prefill_kv(model, prefix_ids, self.tables)
-        self.prefix_kv = prefix_kv  # never changed in place: the sink grows by concatenation
-        self._sink: ChunkKV | None = prefix_kv
+        self._sink: ChunkKV | None = None  # the prefix, then the document's first tokens
+        if prefix_ids:  # from the per-model memo: a run over many short documents prefills the prefix once
+            keys, values = _rope_free(shared_prefix(model, prefix_ids), self.tables, len(prefix_ids),
+                                      model_device(model))
+            self._sink = ChunkKV(keys[0], values[0])
         self._recent: ChunkKV | None = None  # the document tokens after the sink still in the window
 
     @property

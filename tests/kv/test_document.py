@@ -59,13 +59,18 @@ def _ingest(lm, store, monkeypatch, window=None, part_tokens=96, before=()):
 @torch.no_grad()
 def test_document_placed_whole_gives_native_logits(lm, tmp_path, monkeypatch):
     """Also after another document: the prompt prefix is prefilled once for the run and its KV reused."""
-    store = tmp_path / "st"
-    from cagkit.kv import prefill as prefill_module
+    from cagkit.models.architecture import decoder_stack
 
-    prefix_runs = []
-    counted = prefill_module.prefill_kv
-    monkeypatch.setattr(prefill_module, "prefill_kv", lambda *a, **k: prefix_runs.append(1) or counted(*a, **k))
-    _ingest(lm, store, monkeypatch, before=[("first", SENTENCES[0])])
+    store = tmp_path / "st"
+    lm.model.__dict__.pop("_cagkit_prefix_kv", None)  # the per-model memo, as a fresh process has it
+    prefix_runs = []  # passes through the decoder over the prompt prefix alone
+    hook = decoder_stack(lm.model).register_forward_pre_hook(
+        lambda module, args, kwargs: prefix_runs.append(1)
+        if kwargs["input_ids"][0].tolist() == context_prefix(lm) else None, with_kwargs=True)
+    try:
+        _ingest(lm, store, monkeypatch, before=[("first", SENTENCES[0])])
+    finally:
+        hook.remove()
     assert len(prefix_runs) == 1  # for two documents
     with Store.open(store) as st:
         doc = st.document("doc")
