@@ -46,6 +46,7 @@ import json
 import os
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -176,8 +177,10 @@ def _data_label(run: dict) -> str:
     named = f", {mode} retrieval" if (mode := _named_retrieval(settings)) else ""
     scope = f", scope {settings['scope']}" if settings.get("scope", "chunks") != "chunks" else ""
     dtype = f", {settings['store_dtype']} KV" if settings.get("store_dtype", "float16") != "float16" else ""
-    return (Path(run["dataset"]).name + chunks + named + scope + dtype
-            + Placement.from_settings(settings).describe())
+    placement = Placement.from_settings(settings)
+    if settings.get("blend_by_scope") and settings.get("scope") == "document":
+        placement = replace(placement, blend=0.0)  # --blend left to the scope: whole documents are placed as stored
+    return Path(run["dataset"]).name + chunks + named + scope + dtype + placement.describe()
 
 
 def _named_retrieval(settings: dict) -> str | None:

@@ -445,6 +445,11 @@ def test_report_names_placement_options_in_the_run_label(tmp_path):
         blended.write_text(json.dumps({**run, "settings": {**run["settings"], **settings}}))
         write_report([blended], tmp_path / "E.md", tmp_path / "plots")
         assert f"## smollm2 → gemma, dev-v2.0.part-a.json{label} 0.15 by question\n" in (tmp_path / "E.md").read_text()
+    # --blend left to the scope: at document scope the stored methods place whole documents as stored
+    for scope, label in [("document", ", scope document\n"), ("chunks", ", blend 0.15 by question\n")]:
+        blended.write_text(json.dumps({**run, "settings": {**run["settings"], "scope": scope, "blend_by_scope": True}}))
+        write_report([blended], tmp_path / "G.md", tmp_path / "plots")
+        assert f"## smollm2 → gemma, dev-v2.0.part-a.json{label}" in (tmp_path / "G.md").read_text()
 
 
 def _run_with_records(closed_set: bool, per_method: dict[str, list[float]]) -> dict:
