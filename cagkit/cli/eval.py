@@ -66,6 +66,9 @@ def add_parser(sub) -> None:
     p.add_argument("runs", nargs="+", metavar="FILE[:METHOD]",
                    help="results files of `cagkit eval` over the same data, each with the method to compare "
                         "(default: mot); the first is the baseline")
+    p.add_argument("--gap-to", metavar="FILE[:METHOD]", default=None,
+                   help="a reference run, e.g. results.json:native: each run's share of the gap from the first "
+                        "(e.g. select) to it that the run closes, with its paired bootstrap interval")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     p.set_defaults(func=run_compare)
 
@@ -94,7 +97,7 @@ def run_report(args) -> int:
 def run_compare(args) -> int:
     from cagkit.evaluation.report import compare
 
-    rows = compare(args.runs)
+    rows = compare(args.runs, gap_to=args.gap_to)
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -106,6 +109,10 @@ def run_compare(args) -> int:
         d = r["difference"]
         diff = "" if d is None else (f"{d['mean']:+.3f} ({d['low']:+.3f} to {d['high']:+.3f}), {d['questions']} q, "
                                      f"{d['same_answers']} the same answer")
+        if d is not None and args.gap_to:
+            g = r["gap_closed"]
+            diff += ("; gap to the reference: none to close" if g is None else
+                     f"; closes {g['share']:.0%} of the gap to the reference ({g['low']:.0%} to {g['high']:.0%})")
         quality = "-" if r["quality"] is None else f"{r['quality']:.3f}"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         print(f"{r['file'] + ':' + r['method']:<{name}}  {r['target']:<8} {r['placement']:<{place}} "

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 from cagkit.config import DEFAULT_CHUNK_TOKENS, DEFAULT_TOP_K, Placement
 from cagkit.errors import CagkitError
-from cagkit.evaluation.metrics import paired_bootstrap
+from cagkit.evaluation.metrics import gap_closed_bootstrap, paired_bootstrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -314,19 +314,23 @@ def _per_question(scores: dict, closed_set: bool) -> dict[str, float]:
     return {r["id"]: float(r["correct"]) if closed_set else float(r["f1"]) for r in scores.get("examples") or []}
 
 
-def compare(specs: list[str]) -> list[dict]:
+def compare(specs: list[str], gap_to: str | None = None) -> list[dict]:
     """Compare methods across results files, question by question: each `FILE[:METHOD]` (METHOD default `mot`)
     against the first. One row each: file, method, placement, questions, quality (F1, or accuracy on closed-set
     data) over its own questions, and, from the second on, its ratio to the first and the paired difference from
     the first, both over the questions the two answered, with how many of those it answered word for word as the
     first did (`same_answers`).
 
+    With `gap_to` (`FILE[:METHOD]`, e.g. a run's `native`), each row from the second on also has `gap_closed`: the
+    share of the gap from the first (e.g. `select`) to that reference which it closes, over the questions all three
+    answered, with its paired bootstrap interval (None where the reference does not lead the first).
+
     This is how two checkpoints, recipes or placements are told apart: the paired interval covers the questions
     (not the training run), so a difference inside it is noise. Files of other data sets are refused."""
     if len(specs) < 2:
         raise CagkitError("compare needs two or more FILE[:METHOD], the first being the baseline")
     loaded = []
-    for spec in specs:
+    for spec in specs + ([gap_to] if gap_to else []):
         path, method = _parse_spec(spec)
         run = _load_results(path)
         if method not in run["methods"]:
@@ -336,11 +340,16 @@ def compare(specs: list[str]) -> list[dict]:
     base_path, base_method, base_run = loaded[0]
     closed_set = _is_closed_set(base_run)
     base_scores = base_run["methods"][base_method]
-    rows = []
     for path, method, run in loaded:
         if (Path(run["dataset"]).name, run.get("format")) != (Path(base_run["dataset"]).name, base_run.get("format")):
             raise CagkitError(f"{path} scores {run['dataset']} but {base_path} scores {base_run['dataset']}: "
                               f"compare runs over the same data")
+    reference = None
+    if gap_to:
+        _, method, run = loaded.pop()
+        reference = _per_question(run["methods"][method], closed_set)
+    rows = []
+    for path, method, run in loaded:
         scores = run["methods"][method]
         row = {"file": str(path), "method": method, "target": run["target"],
                "placement": _method_placement(run, scores, method),
@@ -358,8 +367,31 @@ def compare(specs: list[str]) -> list[dict]:
             row["difference"] = {"questions": len(pairs), "mean": mean, "low": low, "high": high, "same_answers": same}
             base = sum(y for _, y in pairs) / len(pairs)
             row["ratio"] = (base + mean) / base if base else None  # over the same questions as the difference
+            if reference is not None:
+                row["gap_closed"] = _gap_closed(_per_question(scores, closed_set),
+                                                _per_question(base_scores, closed_set), reference)
         rows.append(row)
     return rows
+
+
+def _gap_cell(run: dict, method: str, control: str, closed_set: bool) -> str:
+    """A method's share of the native − control gap closed, with its interval: '62% (27% to 97%)'."""
+    if method in (control, "native") or method.split("@")[0] == "native":
+        return _DASH
+    found = _gap_closed(*(_per_question(run["methods"][m], closed_set) for m in (method, control, "native")))
+    return _DASH if found is None else f"{found['share']:.0%} ({found['low']:.0%} to {found['high']:.0%})"
+
+
+def _gap_closed(method: dict[str, float], low: dict[str, float], high: dict[str, float]) -> dict | None:
+    """The share of the gap from `low` (per question) up to `high` that `method` closes, with its interval, over
+    the questions all three answered; None where `high` does not lead `low` over them."""
+    shared = [i for i in method if i in low and i in high]
+    found = gap_closed_bootstrap([method[i] - low[i] for i in shared],
+                                 [high[i] - low[i] for i in shared]) if shared else None
+    if found is None:
+        return None
+    share, lo, hi = found
+    return {"questions": len(shared), "share": share, "low": lo, "high": hi}
 
 
 def _placement_label(settings: dict) -> str:
@@ -397,7 +429,9 @@ def _section(run: dict) -> list[str]:
     closed_set = _is_closed_set(run)
     quality_columns = ["accuracy"] if closed_set else ["F1", "EM"]
     control = _control(run)
-    header = ["method", *quality_columns, *([f"− {control} (95% CI)"] if control else []), "recovery vs native",
+    gap = bool(control) and control != "native" and "native" in run["methods"]
+    header = ["method", *quality_columns, *([f"− {control} (95% CI)"] if control else []),
+              *([f"share of the native − {control} gap closed (95% CI)"] if gap else []), "recovery vs native",
               "median TTFT ms", "median translate + repair ms", "KV bytes / context token", "n"]
     lines = [f"## {_label(run)}", ""]
     if run.get("settings"):
@@ -410,6 +444,8 @@ def _section(run: dict) -> list[str]:
     lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for method in _method_order([run]):
         difference = [_interval(run, method, control, closed_set) if method != control else _DASH] if control else []
+        if gap:
+            difference.append(_gap_cell(run, method, control, closed_set))
         lines.append("| " + " | ".join([method, *_row(run["methods"][method], closed_set, difference)]) + " |")
     return lines + ["", "Reproduce with:", "", "```", reproduce_command(run), "```", ""]
 

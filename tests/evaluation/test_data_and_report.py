@@ -1,6 +1,7 @@
 """Evaluation datasets, metrics and report: tiny made-up fixtures in every raw format."""
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from cagkit.evaluation.datasets import FORMATS, Example, detect_format, load_exa
 from cagkit.evaluation.metrics import (
     exact_match,
     f1,
+    gap_closed_bootstrap,
     letter_or_text_to_index,
     mean,
     median,
@@ -352,6 +354,20 @@ def test_paired_bootstrap():
         paired_bootstrap([])
 
 
+def test_gap_closed_bootstrap():
+    # native leads select by 1 on every question; the method gains 1 on half of them: half the gap, with an
+    # interval about it that covers the questions' spread
+    share, low, high = gap_closed_bootstrap([1.0, 0.0] * 50, [1.0] * 100)
+    assert share == 0.5 and 0.39 < low < 0.45 and 0.55 < high < 0.61
+    assert gap_closed_bootstrap([1.0] * 10, [1.0] * 10) == (1.0, 1.0, 1.0)
+    assert gap_closed_bootstrap([0.5, 0.5], [0.0, -1.0]) is None  # the reference does not lead: nothing to close
+    # a resample whose gap is not positive sits at the interval's end instead of being left out
+    share, low, high = gap_closed_bootstrap([0.0, 1.0, 0.0], [1.0, 0.0, -0.5])
+    assert share == 2.0 and low == -math.inf and high == math.inf
+    with pytest.raises(ValueError):
+        gap_closed_bootstrap([1.0], [1.0, 1.0])
+
+
 # --- report
 
 
@@ -533,10 +549,12 @@ def test_report_pairs_every_method_against_select(tmp_path):
     path.write_text(json.dumps(run))
     write_report([path], tmp_path / "R.md", tmp_path / "plots")
     report = (tmp_path / "R.md").read_text()
-    # the run's own table: a column against select, a dash on select's own row
-    assert "| method | F1 | EM | − select (95% CI) | recovery vs native |" in report
-    assert f"| mot | 0.500 | 0.500 | {mot_cell} | — |" in report
-    assert "| select | 0.250 | 0.250 | — | — |" in report
+    # the run's own table: a column against select, a dash on select's own row; native trails select here, so
+    # there is no gap for a method to close
+    assert ("| method | F1 | EM | − select (95% CI) | share of the native − select gap closed (95% CI) "
+            "| recovery vs native |") in report
+    assert f"| mot | 0.500 | 0.500 | {mot_cell} | — | — |" in report
+    assert "| select | 0.250 | 0.250 | — | — | — |" in report
     assert report.index("| none |") < report.index("| select |") < report.index("| linear |")
     # a run without select keeps its tables as they were
     write_report(fake_results(tmp_path)[:1], tmp_path / "S.md", tmp_path / "plots")
@@ -562,6 +580,12 @@ def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
     base["methods"]["native"]["placement"] = {"blend": 0.15, "blend_select": "question"}  # one method's own
     a.write_text(json.dumps(base))
     assert compare([str(a), f"{a}:native"])[1]["placement"] == "top-1, blend 0.15 by question"
+    # the share of the gap from the first (here mot) to a reference (native) each run closes, over shared
+    # questions: the other mot scores what native does, all of it
+    gaps = compare([f"{a}:mot", f"{b}:mot"], gap_to=f"{a}:native")
+    assert gaps[1]["gap_closed"]["share"] == pytest.approx(1.0) and gaps[1]["gap_closed"]["questions"] == 100
+    assert "gap_closed" not in gaps[0]
+    assert compare([f"{a}:native", f"{b}:mot"], gap_to=f"{a}:mot")[1]["gap_closed"] is None  # no lead to close
     del base["methods"]["native"]["placement"]
     a.write_text(json.dumps(base))
     base["settings"]["chunk_tokens"] = 128
@@ -680,3 +704,18 @@ def test_a_translators_card_records_what_its_own_answers_scored(tmp_path, capsys
         translator_answers("0123", [paths[1]])
     assert main(["translators", "answers", str(tmp_path / "missing.safetensors"), str(paths[0])]) == 2
     assert "missing.safetensors: no such translator checkpoint" in capsys.readouterr().err
+
+
+def test_report_gives_the_share_of_native_lead_over_the_control_each_method_closes(tmp_path):
+    run = _run_with_records(False, {"native": [1.0] * 40, "select": [0.0] * 40, "mot": [1.0, 0.0] * 20})
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    write_report([path], tmp_path / "R.md", tmp_path / "plots")
+    text = (tmp_path / "R.md").read_text()
+    assert "| − select (95% CI) | share of the native − select gap closed (95% CI) |" in text
+    mot = next(line for line in text.splitlines() if line.startswith("| mot |"))
+    assert "| 50% (" in mot
+    del run["methods"]["native"]  # without native in the run there is no gap to speak of
+    path.write_text(json.dumps(run))
+    write_report([path], tmp_path / "R.md", tmp_path / "plots")
+    assert "gap closed" not in (tmp_path / "R.md").read_text()
