@@ -158,6 +158,9 @@ def run_answers(args) -> int:
         against = "; ".join(f"− {name} {d['mean']:+.3f} ({d['low']:+.3f} to {d['high']:+.3f})"
                             for name, d in e["against"].items())
         gap = f"; {e['gap_closed']['share']:.0%} of the none → oracle gap" if "gap_closed" in e else ""
+        if native := e.get("native_gap_closed"):
+            gap += (f"; {native['share']:.0%} ({native['low']:.0%} to {native['high']:.0%}) of native's lead over "
+                    f"{native['over']}")
         print(f"{e['data']} {e['method']} ({e['placement']}, {e['questions']} q): {quality}; {against}{gap}")
     print(f"{card_path(checkpoint)}: {len(entries)} answer record(s) written")
     return 0

@@ -551,7 +551,8 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
     """What the translator checkpoint with sha256[:16] `digest` scored in these results files: one entry per method
     that read it (each method records its checkpoint's digest), with the data, the placement, the questions, the
     quality, and the paired difference against each control in the same file (`select`, `none`); with `oracle` and
-    `none` in the file also the share of the none -> oracle gap closed. For a translator's card, so the figures it
+    `none` in the file also the share of the none -> oracle gap closed, and with `native` the share of native's lead
+    over the control closed (`native_gap_closed`, with its interval). For a translator's card, so the figures it
     shows are those of this checkpoint's own answers. A file where no method read it is refused."""
     entries = []
     for path in result_paths:
@@ -578,5 +579,10 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
                 got, none, oracle = (sum(per[i] for i in shared) / max(len(shared), 1) for per in by_id)
                 if oracle != none:
                     entry["gap_closed"] = {"questions": len(shared), "share": (got - none) / (oracle - none)}
+            control = _control(run)
+            if control and "native" in run["methods"] and control != "native":  # the share of native's lead kept
+                found = _gap_closed(*(_per_question(run["methods"][m], closed_set) for m in (method, control, "native")))
+                if found:
+                    entry["native_gap_closed"] = {"over": control, **found}
             entries.append(entry)
     return entries

@@ -679,7 +679,8 @@ def test_a_translators_card_records_what_its_own_answers_scored(tmp_path, capsys
                                           "mot-placed": [1.0, 0.0, 0.0, 0.0] * 10})  # oracle ran 10 more
     one_chunk["settings"] = {"top_k": 1, "blend": 0.15}
     one_chunk["methods"]["mot-placed"].update(translator=digest, placement={"blend": 0.0})
-    end_to_end = _run_with_records(True, {"select": [1, 0] * 20, "mot": [1, 1] * 20, "linear": [1, 1] * 20})
+    end_to_end = _run_with_records(True, {"select": [1, 0] * 20, "mot": [1, 1] * 20, "linear": [1, 1] * 20,
+                                          "native": [1, 1] * 20})
     end_to_end["settings"] = {"top_k": 4, "blend": 0.15, "blend_select": "question"}
     end_to_end["methods"]["mot"]["translator"] = digest
     end_to_end["methods"]["linear"]["translator"] = "another"  # another checkpoint's answers are not this one's
@@ -692,11 +693,13 @@ def test_a_translators_card_records_what_its_own_answers_scored(tmp_path, capsys
     assert entries[0]["f1"] == 0.25 and entries[0]["gap_closed"] == {"questions": 40, "share": 0.25}
     assert entries[0]["against"]["none"]["mean"] == 0.25 and "select" not in entries[0]["against"]
     assert entries[1]["accuracy"] == 1.0 and entries[1]["against"]["select"]["mean"] == 0.5
-    assert "gap_closed" not in entries[1]
+    assert "gap_closed" not in entries[1] and "native_gap_closed" not in entries[0]  # no native beside mot-placed
+    assert entries[1]["native_gap_closed"] == {"over": "select", "questions": 40, "share": 1.0, "low": 1.0, "high": 1.0}
     assert main(["translators", "answers", str(checkpoint), *map(str, paths)]) == 0
     card = json.loads((tmp_path / "smollm2__gemma.json").read_text())
     assert card["steps"] == 600 and [e["method"] for e in card["answers"]] == ["mot-placed", "mot"]
-    assert "25% of the none → oracle gap" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "25% of the none → oracle gap" in printed and "100% (100% to 100%) of native's lead over select" in printed
     main(["translators", "answers", str(checkpoint), str(paths[1])])  # again: the entry is replaced, not added
     assert [e["method"] for e in json.loads((tmp_path / "smollm2__gemma.json").read_text())["answers"]] == [
         "mot-placed", "mot"]
