@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
     t.add_argument("--to", required=True, metavar="URL", help="the LanceDB store to copy into: s3://bucket/prefix "
                                                               "(with AWS_ENDPOINT_URL for a service other than AWS) "
                                                               "or a local folder")
+    t.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "int8", "int4"],
+                   help="hold the copy's KV in this dtype, quantized from the stored KV as it is copied (int8, int4: "
+                        "a compressed store without prefilling again; default: as stored)")
     t.set_defaults(func=run_migrate)
     t = ssub.add_parser("remove", help="drop documents (by file, or every one under a folder) without re-ingesting")
     t.add_argument("paths", nargs="+", help="stored documents: their files or folders, or ids given to ingest_texts")
@@ -57,7 +60,7 @@ def add_parser(sub) -> None:
 def run_migrate(args) -> int:
     from cagkit.store.lance import migrate
 
-    done = migrate(args.store, args.to)
+    done = migrate(args.store, args.to, dtype=args.dtype)
     for path in done["damaged"]:
         print(f"left out {path}: damaged; `cagkit store repair --store {args.store}` rebuilds it, then migrate again",
               file=sys.stderr)

@@ -63,6 +63,7 @@ from typing import Iterable
 
 import numpy as np
 
+from cagkit.config import KV_DTYPES
 from cagkit.errors import StoreError
 from cagkit.files import atomic_write, write_json_atomic
 from cagkit.store.base import (
@@ -77,6 +78,7 @@ from cagkit.store.base import (
     StoredChunk,
     StoreSettings,
     check_compatible,
+    check_dtype,
     check_store_folder,
     chunk_gone,
     chunk_problems,
@@ -872,16 +874,26 @@ class LanceDocumentWriter(BaseDocumentWriter):
         self._committed = True
 
 
-def migrate(source: str | Path, target: str | Path, progress=None) -> dict:
+def migrate(source: str | Path, target: str | Path, progress=None, dtype: str | None = None) -> dict:
     """Copy the SQLite store `source` into the LanceDB store `target` (a URL or a new local folder): every intact
     document with its KV as stored (no model runs), a KV file per part of the source's. `source` is only read.
-    Documents `target` already holds unchanged are skipped, so an interrupted copy resumes. Returns the paths
-    `copied`, `unchanged`, and `damaged` (left out: repair the source and migrate again)."""
+    With `dtype` (e.g. int8 or int4), the copy holds its KV in that dtype instead, quantized from the stored KV as
+    it is copied: a store compressed without prefilling its documents again. Documents `target` already holds
+    unchanged are skipped, so an interrupted copy resumes. Returns the paths `copied`, `unchanged`, and `damaged`
+    (left out: repair the source and migrate again)."""
     done = {"copied": [], "unchanged": [], "damaged": []}
     with Store.open(source) as src:
         if isinstance(src, LanceStore):
             raise StoreError(f"store {source} is a LanceDB store already; give the folder of a SQLite store as --store")
-        with LanceStore.open_for_writing(target, src.settings) as dst:
+        settings = src.settings
+        if dtype is not None and dtype != settings.dtype:
+            check_dtype(dtype)
+            if KV_DTYPES[dtype] > KV_DTYPES[settings.dtype]:
+                raise StoreError(f"store {source} holds its KV in {settings.dtype}; a copy in {dtype} would take more "
+                                 f"bytes for no more precision: give --dtype {settings.dtype} or a smaller one "
+                                 f"(int8, int4), or ingest again with --dtype {dtype}")
+            settings = dataclasses.replace(settings, dtype=dtype)
+        with LanceStore.open_for_writing(target, settings) as dst:
             held = {d.path: d for d in dst.documents()}
             for doc in src.documents():
                 old = held.get(doc.path)

@@ -405,6 +405,36 @@ def test_store_migrate_copies_a_sqlite_store_to_s3_as_stored(tiny_llama, docs, t
         assert b.document(bakery.path).sha256 != bakery.sha256 and b.verify()["ok"]
 
 
+def test_store_migrate_dtype_compresses_a_store_without_prefilling_again(tiny_llama, docs, tmp_path, capsys):
+    from cagkit.cli import main
+    from cagkit.kv import quant
+
+    _ingest(docs, tmp_path / "sqlite")
+    copy = tmp_path / "int8"
+    assert main(["store", "migrate", "--store", str(tmp_path / "sqlite"), "--to", str(copy), "--dtype", "int8"]) == 0
+    assert "2 copied" in capsys.readouterr().out
+    with Store.open(tmp_path / "sqlite") as a, Store.open(copy) as b:
+        assert b.settings.dtype == "int8" and a.settings.dtype == "float16" and b.verify()["ok"]
+        assert b.summary()["bytes"] < a.summary()["bytes"]
+        for doc in a.documents():
+            for ia, ib in zip(a.chunk_ids(doc.path), b.chunk_ids(doc.path), strict=True):
+                ca, cb = a.load_chunk(ia), b.load_chunk(ib)
+                assert ca.token_ids == cb.token_ids
+                # exactly what int8 makes of the stored KV: the copy quantizes the KV as stored
+                keys, values = quant.dequantize(quant.quantize(ca.kv.keys, ca.kv.values, "int8"))
+                torch.testing.assert_close(cb.kv.keys.float(), keys.float(), rtol=0, atol=1e-3)
+                torch.testing.assert_close(cb.kv.values.float(), values.float(), rtol=0, atol=1e-3)
+    # a copy again resumes: every document is there already
+    assert main(["store", "migrate", "--store", str(tmp_path / "sqlite"), "--to", str(copy), "--dtype", "int8"]) == 0
+    assert "0 copied, 2 there already" in capsys.readouterr().out
+    # more bytes for no more precision is refused, naming the store and the fix; nothing is written
+    _ingest(docs, tmp_path / "sqlite4", dtype="int4")
+    assert main(["store", "migrate", "--store", str(tmp_path / "sqlite4"), "--to", str(tmp_path / "up"),
+                 "--dtype", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert "holds its KV in int4" in err and "--dtype int8" in err and not (tmp_path / "up").exists()
+
+
 def test_ingest_manifest_lance_on_the_command_line(tiny_llama, docs, tmp_path, capsys):
     from cagkit.cli import main
 
