@@ -452,9 +452,13 @@ def _section(run: dict) -> list[str]:
 
 def reproduce_command(run: dict) -> str:
     """The run's recorded command, plus any placement option it left out because it was the default when the file
-    was written (older files), so that the command still reproduces the run under today's defaults."""
+    was written (older files), and the store's KV dtype (which older commands left out), so that the command still
+    reproduces the run under today's defaults."""
     parts = shlex.split(run["command"])
-    options = Placement.from_settings(run.get("settings") or {}).cli_args()
+    settings = run.get("settings") or {}
+    options = Placement.from_settings(settings).cli_args()
+    if settings.get("store_dtype", "float16") != "float16":  # files before the command named the store's dtype
+        options += ["--dtype", settings["store_dtype"]]
     missing = [arg for flag, value in zip(options[::2], options[1::2]) if flag not in parts for arg in (flag, value)]
     at = parts.index("--out") if "--out" in parts else len(parts)
     return shlex.join(parts[:at] + missing + parts[at:])

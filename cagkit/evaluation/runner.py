@@ -181,7 +181,8 @@ def run_eval(
             "fingerprints": {"source": source_lm.fingerprint, "target": target_lm.fingerprint},
             "settings": settings,
             "command": _command(data, data_format, source, target, methods, limit, top_k, full_context,
-                                max_new_tokens, store, out, placement, chunk_tokens, retrieval, scope, blend_given),
+                                max_new_tokens, store, out, placement, chunk_tokens, retrieval, scope, blend_given,
+                                prefill, dtype),
             "ttft": "from after retrieval to the first answer token's logits",
             "device": str(target_lm.device),
             "complete": False,
@@ -221,7 +222,7 @@ def run_eval(
         held = [m for m in EVAL_METHODS if m in about] + [m for m in about if m not in EVAL_METHODS]
         results["command"] = _command(data, data_format, source, target, held, limit, top_k, full_context,
                                       max_new_tokens, store, out, placement, chunk_tokens, retrieval, scope,
-                                      blend_given)
+                                      blend_given, prefill, dtype)
         room = context_room(target_lm, *prompt_parts(target_lm, "?"), max_new_tokens)
         done = {m: {r["id"] for r in records[m]} for m in active}
 
@@ -538,7 +539,8 @@ def documents_dir(store: Path) -> Path:
 
 def _command(data, data_format, source, target, methods, limit, top_k, full_context, max_new_tokens, store,
              out, placement: Placement = Placement(), chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-             retrieval: str = DEFAULT_RETRIEVAL, scope: str = DEFAULT_SCOPE, blend_given: bool = True) -> str:
+             retrieval: str = DEFAULT_RETRIEVAL, scope: str = DEFAULT_SCOPE, blend_given: bool = True,
+             prefill: str = DEFAULT_PREFILL, dtype: str = "float16") -> str:
     args = ["cagkit", "eval", "--data", str(data), "--format", data_format, "--source", source, "--target", target,
             "--methods", ",".join(methods), "--top-k", str(top_k), "--max-new-tokens", str(max_new_tokens)]
     if chunk_tokens != DEFAULT_CHUNK_TOKENS:
@@ -553,6 +555,10 @@ def _command(data, data_format, source, target, methods, limit, top_k, full_cont
         args += ["--store", str(store)]
     if scope != DEFAULT_SCOPE:
         args += ["--scope", scope]
+    if prefill != DEFAULT_PREFILL:  # how the store was written: a rerun writes (or finds) the same store
+        args += ["--prefill", prefill]
+    if dtype != "float16":
+        args += ["--dtype", dtype]
     placed = placement.cli_args()
     if blend_given and "--blend" not in placed:
         placed += ["--blend", f"{placement.blend:g}"]

@@ -443,6 +443,9 @@ def test_report_names_placement_options_in_the_run_label(tmp_path):
         write_report([as_stored], tmp_path / "D.md", tmp_path / "plots")
         # which tokens a blend picks is in the settings line only when there is a blend
         assert ('blend_select="question"' in (tmp_path / "D.md").read_text()) is shown
+    as_stored.write_text(json.dumps({**run, "settings": {**run["settings"], "store_dtype": "int8"}}))
+    write_report([as_stored], tmp_path / "D.md", tmp_path / "plots")  # an older command without the store's dtype
+    assert "--dtype int8\n```" in (tmp_path / "D.md").read_text()
     as_stored.write_text(json.dumps({**run, "device": "cuda:0"}))  # the device the times were taken on is named
     write_report([as_stored], tmp_path / "D.md", tmp_path / "plots")
     assert 'device="cuda:0"' in (tmp_path / "D.md").read_text()

@@ -190,6 +190,11 @@ def test_eval_chunk_tokens_builds_its_own_store_and_results(data, tmp_path, monk
     assert default["settings"]["chunk_tokens"] == 256 and "--chunk-tokens" not in default["command"]
     with Store.open(tmp_path / "stores" / "tiny-tiny-llama") as store:
         assert store.settings.chunk_tokens == 256 and store.num_chunks() < small
+    # another KV dtype gets its own store too, and the recorded command names it, so a rerun writes the same
+    assert main(argv[:-2] + ["--dtype", "int8"]) == 0
+    quantized = json.loads((tmp_path / "tiny-tiny-llama-tiny-llama-int8.json").read_text())
+    assert quantized["settings"]["store_dtype"] == "int8" and "--dtype int8" in quantized["command"]
+    assert "--dtype" not in default["command"]
     # a size too small is refused before anything is written
     assert main(argv[:-1] + ["8"]) == 2
     assert not list((tmp_path / "stores").glob("*-c8*"))
