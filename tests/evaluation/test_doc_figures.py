@@ -127,6 +127,8 @@ DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's 
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
 STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
+# int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
+JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
 
 SENTENCES = {
     "README.md": [
@@ -224,6 +226,13 @@ SENTENCES = {
                 f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
     ],
     "docs/speed.md": [
+        lambda: f"int8 took {bytes_per_token('qwen-1.5b-hotpot-int8')} KV bytes a token against "
+                f"{bytes_per_token('qwen-1.5b-hotpot')} (0.54x) and gave float16's answer on "
+                f"{same_across(JOINED_INT8, JOINED, 'stored')} questions (int8 − float16 "
+                f"{difference(JOINED, JOINED_INT8 + ':stored', 'stored', 'commas')}); int4 took "
+                f"{bytes_per_token('qwen-1.5b-hotpot-int4')} (0.29x), "
+                f"{difference(JOINED, JOINED_INT4 + ':stored', 'stored', 'commas')}, the same answer on "
+                f"{same_across(JOINED_INT4, JOINED, 'stored')}",
         lambda: f"4,091 tokens the int8 store's first token took {bench_ratio('bench-qwen-int8.json', 4091, 'stored')} of "
                 f"native prefill's and the `torch.save` baseline's {bench_ratio('bench-qwen-int8.json', 4091, 'torch_save')}",
         lambda: f"gave {bench_ratio('bench-qwen.json', 4091, 'stored')} and {bench_ratio('bench-qwen.json', 4091, 'torch_save')}",
