@@ -103,6 +103,13 @@ def difference(file: str, method: str, baseline: str, style: str = "brackets") -
     return f"{mean} ({low} to {high})" if style == "brackets" else f"{mean}, {low} to {high}"
 
 
+def gap(file: str, method: str, control: str, reference: str) -> str:
+    """The share of `reference`'s lead over `control` that `method` closes, with its interval, as `cagkit compare
+    --gap-to` gives it: `39% (1% to 79%)`. Each name may be `OTHER.json:METHOD`."""
+    g = compare([_spec(file, control), _spec(file, method)], gap_to=_spec(file, reference))[1]["gap_closed"]
+    return f"{g['share']:.0%} ({g['low']:.0%} to {g['high']:.0%})"
+
+
 SQUAD_QWEN, SQUAD_GEMMA = "squad_v2-smollm2-qwen.json", "squad_v2-smollm2-gemma.json"
 SQUAD_GEMMA_16, REUSE = "squad_v2-smollm2-gemma-k16.json", "squad_v2-smollm2-smollm2.json"
 QUALITY_QWEN_GEMMA_16 = "quality-qwen-gemma-k16.json"
@@ -190,7 +197,8 @@ SENTENCES = {
                 f"{ratio(JOINED, 'stored', 'select@chunks')} of select's first-token time",
         lambda: f"four paragraphs together scored {quality(JOINED, 'native')} (stored − native "
                 f"{difference(JOINED, 'stored', 'native', 'commas')}), with stored's first token at "
-                f"{ratio(JOINED, 'stored', 'native')} of native's",
+                f"{ratio(JOINED, 'stored', 'native')} of native's: the join keeps "
+                f"{gap(JOINED, 'stored', 'select@chunks', 'native')} of native's lead over select",
         lambda: f"(CacheBlend's rule) {quality(JOINS, 'stored+deviation')}, "
                 f"{difference(JOINS, 'stored+deviation', 'select@chunks')} against select, and "
                 f"{difference(JOINED, JOINS + ':stored+deviation', 'stored')} against the join as stored; at the start "
