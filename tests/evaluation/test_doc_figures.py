@@ -107,7 +107,7 @@ def gap(file: str, method: str, control: str, reference: str) -> str:
     """The share of `reference`'s lead over `control` that `method` closes, with its interval, as `cagkit compare
     --gap-to` gives it: `39% (1% to 79%)`. Each name may be `OTHER.json:METHOD`."""
     g = compare([_spec(file, control), _spec(file, method)], gap_to=_spec(file, reference))[1]["gap_closed"]
-    return f"{g['share']:.0%} ({g['low']:.0%} to {g['high']:.0%})"
+    return f"{g['share']:.0%} ({g['low']:.0%} to {g['high']:.0%})".replace("-", "−")
 
 
 SQUAD_QWEN, SQUAD_GEMMA = "squad_v2-smollm2-qwen.json", "squad_v2-smollm2-gemma.json"
@@ -134,6 +134,8 @@ DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's 
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
 STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
+# qwen's store of the same paragraphs read by qwen-1.5b through a ridge translator fitted on 1k-token passages
+TRANSLATED_15 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
 JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
 
@@ -184,6 +186,14 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"`select@chunks` gave the same answer on {same_across(TRANSLATED_15, JOINED, 'select@chunks')}",
+        lambda: f"**Joined as translated**: {quality(TRANSLATED_15, 'linear')} F1, against select's "
+                f"{quality(TRANSLATED_15, 'select@chunks')} {difference(TRANSLATED_15, 'linear', 'select@chunks')}, "
+                f"and no better than no context ({quality(TRANSLATED_15, 'none')}): it closes "
+                f"{gap(TRANSLATED_15, 'linear', 'select@chunks', JOINED + ':native')} of native's lead over select",
+        lambda: f"(`linear+deviation`, 15% recomputed): {quality(TRANSLATED_15, 'linear+deviation')}, "
+                f"{difference(TRANSLATED_15, 'linear+deviation', 'select@chunks')} against select, "
+                f"{gap(TRANSLATED_15, 'linear+deviation', 'select@chunks', JOINED + ':native')} of native's lead",
         lambda: f"{same_answers(DOC_GEMMA, 'stored', 'native')} questions with gemma, "
                 f"{same_answers(DOC_QWEN, 'stored', 'native')} with qwen and "
                 f"{same_answers(DOC_QWEN_15_NATIVE, 'stored', 'native')} with qwen-1.5b",
