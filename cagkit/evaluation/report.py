@@ -375,8 +375,12 @@ def compare(specs: list[str], gap_to: str | None = None) -> list[dict]:
 
 
 def _gap_cell(run: dict, method: str, control: str, closed_set: bool) -> str:
-    """A method's share of the native − control gap closed, with its interval: '62% (27% to 97%)'."""
+    """A method's share of the native − control gap closed, with its interval: '62% (27% to 97%)'; a dash where
+    native's lead over the control is inside the noise (a share of a gap that may be none says nothing)."""
     if method in (control, "native") or method.split("@")[0] == "native":
+        return _DASH
+    lead = _shared_scores(run["methods"]["native"], run["methods"][control], closed_set)
+    if not lead or paired_bootstrap([x - y for x, y in lead])[1] <= 0:
         return _DASH
     found = _gap_closed(*(_per_question(run["methods"][m], closed_set) for m in (method, control, "native")))
     return _DASH if found is None else f"{found['share']:.0%} ({found['low']:.0%} to {found['high']:.0%})"

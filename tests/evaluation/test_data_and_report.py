@@ -721,6 +721,11 @@ def test_report_gives_the_share_of_native_lead_over_the_control_each_method_clos
     assert "| − select (95% CI) | share of the native − select gap closed (95% CI) |" in text
     mot = next(line for line in text.splitlines() if line.startswith("| mot |"))
     assert "| 50% (" in mot
+    run["methods"]["native"] = _run_with_records(False, {"native": [1.0] + [0.0] * 39})["methods"]["native"]
+    path.write_text(json.dumps(run))  # native's lead over select inside the noise: no share of it is given
+    write_report([path], tmp_path / "R.md", tmp_path / "plots")
+    mot = next(line for line in (tmp_path / "R.md").read_text().splitlines() if line.startswith("| mot |"))
+    assert "%" not in mot.split("|")[5]
     del run["methods"]["native"]  # without native in the run there is no gap to speak of
     path.write_text(json.dumps(run))
     write_report([path], tmp_path / "R.md", tmp_path / "plots")
