@@ -134,6 +134,7 @@ DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's 
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
 STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
+JOINED_QWEN = "document-caches/hotpotqa-qwen-doc.json"  # the same joins with qwen's own caches, 60 questions
 # qwen's store of the same paragraphs read by qwen-1.5b through a ridge translator fitted on 1k-token passages
 TRANSLATED_15 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
@@ -186,6 +187,13 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"native {quality(JOINED_QWEN, 'native')}, select {quality(JOINED_QWEN, 'select@chunks')}, no context "
+                f"{quality(JOINED_QWEN, 'none')}, the join as stored {quality(JOINED_QWEN, 'stored')} (stored − select "
+                f"{difference(JOINED_QWEN, 'stored', 'select@chunks', 'commas')}; native − select "
+                f"{difference(JOINED_QWEN, 'native', 'select@chunks', 'commas')}; the join gave native's answer on "
+                f"{same_answers(JOINED_QWEN, 'stored', 'native')}",
+        lambda: f"The join answered at {ratio(JOINED_QWEN, 'stored', 'native')} of native's first-token time and "
+                f"{ratio(JOINED_QWEN, 'stored', 'select@chunks')} of select's",
         lambda: f"`select@chunks` gave the same answer on {same_across(TRANSLATED_15, JOINED, 'select@chunks')}",
         lambda: f"**Joined as translated**: {quality(TRANSLATED_15, 'linear')} F1, against select's "
                 f"{quality(TRANSLATED_15, 'select@chunks')} {difference(TRANSLATED_15, 'linear', 'select@chunks')}, "
