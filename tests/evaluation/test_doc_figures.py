@@ -137,6 +137,9 @@ STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-cac
 JOINED_QWEN = "document-caches/hotpotqa-qwen-doc.json"  # the same joins with qwen's own caches, 60 questions
 # qwen's store of the same paragraphs read by qwen-1.5b through a ridge translator fitted on 1k-token passages
 TRANSLATED_15 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc.json"
+# the same with qwen-1.5b prefilling its bottom 2 or 14 layers of each paragraph (--recompute-layers), 30 questions
+TRANSLATED_15_R2 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r2.json"
+TRANSLATED_15_R14 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r14.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
 JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
 
@@ -194,6 +197,11 @@ SENTENCES = {
                 f"{same_answers(JOINED_QWEN, 'stored', 'native')}",
         lambda: f"The join answered at {ratio(JOINED_QWEN, 'stored', 'native')} of native's first-token time and "
                 f"{ratio(JOINED_QWEN, 'stored', 'select@chunks')} of select's",
+        lambda: f"with K = 2, {quality(TRANSLATED_15_R2, 'linear')}, the same as translated throughout "
+                f"({difference(TRANSLATED_15, TRANSLATED_15_R2 + ':linear', 'linear', 'commas')}); with K = 14, half "
+                f"the layers, {quality(TRANSLATED_15_R14, 'linear')}, "
+                f"{difference(TRANSLATED_15, TRANSLATED_15_R14 + ':linear', 'linear')} over translated throughout but "
+                f"still {difference(TRANSLATED_15, TRANSLATED_15_R14 + ':linear', 'select@chunks')} against select",
         lambda: f"`select@chunks` gave the same answer on {same_across(TRANSLATED_15, JOINED, 'select@chunks')}",
         lambda: f"**Joined as translated**: {quality(TRANSLATED_15, 'linear')} F1, against select's "
                 f"{quality(TRANSLATED_15, 'select@chunks')} {difference(TRANSLATED_15, 'linear', 'select@chunks')}, "
