@@ -203,8 +203,8 @@ SENTENCES = {
                 f"{difference(TRANSLATED_15, TRANSLATED_15_R14 + ':linear', 'linear')} over translated throughout but "
                 f"still {difference(TRANSLATED_15, TRANSLATED_15_R14 + ':linear', 'select@chunks')} against select",
         lambda: f"`select@chunks` gave the same answer on {same_across(TRANSLATED_15, JOINED, 'select@chunks')}",
-        lambda: f"**Joined as translated**: {quality(TRANSLATED_15, 'linear')} F1, against select's "
-                f"{quality(TRANSLATED_15, 'select@chunks')} {difference(TRANSLATED_15, 'linear', 'select@chunks')}, "
+        lambda: f"**Joined as translated**: {quality(TRANSLATED_15, 'linear')} F1 against select's "
+                f"{quality(TRANSLATED_15, 'select@chunks')}, {difference(TRANSLATED_15, 'linear', 'select@chunks')}, "
                 f"and no better than no context ({quality(TRANSLATED_15, 'none')}): it closes "
                 f"{gap(TRANSLATED_15, 'linear', 'select@chunks', JOINED + ':native')} of native's lead over select",
         lambda: f"(`linear+deviation`, 15% recomputed): {quality(TRANSLATED_15, 'linear+deviation')}, "
