@@ -260,6 +260,10 @@ SENTENCES = {
                 f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
     ],
     "docs/speed.md": [
+        lambda: f"tokens the int8 store's first token took {bench_ratio('bench-qwen-1.5b-int8.json', 4091, 'stored')} of "
+                f"native prefill's (the issue's goal: at most 0.03) and the `torch.save` baseline's "
+                f"{bench_ratio('bench-qwen-1.5b-int8.json', 4091, 'torch_save')}",
+        lambda: f"the document's KV took {bench_megabytes('bench-qwen-1.5b-int8.json', 4091)} on disk",
         lambda: f"int8 took {bytes_per_token('qwen-1.5b-hotpot-int8')} KV bytes a token against "
                 f"{bytes_per_token('qwen-1.5b-hotpot')} (0.54x) and gave float16's answer on "
                 f"{same_across(JOINED_INT8, JOINED, 'stored')} questions (int8 − float16 "
