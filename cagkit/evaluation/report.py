@@ -296,11 +296,17 @@ def _against_control(runs: list[dict], closed_set: bool) -> list[str]:
 
 def _interval(run: dict, a: str | None, b: str | None, closed_set: bool) -> str:
     """`a − b` over the questions both answered, with its 95% paired bootstrap interval; a dash without records."""
-    pairs = _shared_scores(*(run["methods"].get(m, {}) if m else {} for m in (a, b)), closed_set)
-    if not pairs:
+    found = _paired(run, a, b, closed_set)
+    if found is None:
         return _DASH
-    mean, low, high = paired_bootstrap([x - y for x, y in pairs])
+    mean, low, high = found
     return f"{mean:+.3f} ({low:+.3f} to {high:+.3f})"
+
+
+def _paired(run: dict, a: str | None, b: str | None, closed_set: bool) -> tuple[float, float, float] | None:
+    """`paired_bootstrap` of `a − b` over the questions both answered; None where they share none."""
+    pairs = _shared_scores(*(run["methods"].get(m, {}) if m else {} for m in (a, b)), closed_set)
+    return paired_bootstrap([x - y for x, y in pairs]) if pairs else None
 
 
 def _shared_scores(a: dict, b: dict, closed_set: bool) -> list[tuple[float, float]]:
@@ -375,15 +381,18 @@ def compare(specs: list[str], gap_to: str | None = None) -> list[dict]:
 
 
 def _gap_cell(run: dict, method: str, control: str, closed_set: bool) -> str:
-    """A method's share of the native − control gap closed, with its interval: '62% (27% to 97%)'; a dash where
-    native's lead over the control is inside the noise (a share of a gap that may be none says nothing)."""
+    """A method's share of the native − control gap closed, with its interval: '62% (27% to 97%)'. The caller
+    gives a dash instead where native's lead over the control is inside the noise (a share of a gap that may be
+    none says nothing)."""
     if method in (control, "native") or method.split("@")[0] == "native":
         return _DASH
-    lead = _shared_scores(run["methods"]["native"], run["methods"][control], closed_set)
-    if not lead or paired_bootstrap([x - y for x, y in lead])[1] <= 0:
-        return _DASH
-    found = _gap_closed(*(_per_question(run["methods"][m], closed_set) for m in (method, control, "native")))
+    found = _native_gap(run, method, control, closed_set)
     return _DASH if found is None else f"{found['share']:.0%} ({found['low']:.0%} to {found['high']:.0%})"
+
+
+def _native_gap(run: dict, method: str, control: str, closed_set: bool) -> dict | None:
+    """`_gap_closed` of `method` from the run's `control` up to its `native`."""
+    return _gap_closed(*(_per_question(run["methods"][m], closed_set) for m in (method, control, "native")))
 
 
 def _gap_closed(method: dict[str, float], low: dict[str, float], high: dict[str, float]) -> dict | None:
@@ -434,6 +443,8 @@ def _section(run: dict) -> list[str]:
     quality_columns = ["accuracy"] if closed_set else ["F1", "EM"]
     control = _control(run)
     gap = bool(control) and control != "native" and "native" in run["methods"]
+    # a share of native's lead is given only where that lead over the control is beyond noise
+    lead = gap and (native := _paired(run, "native", control, closed_set)) is not None and native[1] > 0
     header = ["method", *quality_columns, *([f"− {control} (95% CI)"] if control else []),
               *([f"share of the native − {control} gap closed (95% CI)"] if gap else []), "recovery vs native",
               "median TTFT ms", "median translate + repair ms", "KV bytes / context token", "n"]
@@ -449,7 +460,7 @@ def _section(run: dict) -> list[str]:
     for method in _method_order([run]):
         difference = [_interval(run, method, control, closed_set) if method != control else _DASH] if control else []
         if gap:
-            difference.append(_gap_cell(run, method, control, closed_set))
+            difference.append(_gap_cell(run, method, control, closed_set) if lead else _DASH)
         lines.append("| " + " | ".join([method, *_row(run["methods"][method], closed_set, difference)]) + " |")
     return lines + ["", "Reproduce with:", "", "```", reproduce_command(run), "```", ""]
 
@@ -588,9 +599,8 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
                 if oracle != none:
                     entry["gap_closed"] = {"questions": len(shared), "share": (got - none) / (oracle - none)}
             control = _control(run)
-            if control and "native" in run["methods"] and control != "native":  # the share of native's lead kept
-                found = _gap_closed(*(_per_question(run["methods"][m], closed_set) for m in (method, control, "native")))
-                if found:
-                    entry["native_gap_closed"] = {"over": control, **found}
+            if (control and "native" in run["methods"] and control != "native"  # the share of native's lead kept
+                    and (found := _native_gap(run, method, control, closed_set))):
+                entry["native_gap_closed"] = {"over": control, **found}
             entries.append(entry)
     return entries

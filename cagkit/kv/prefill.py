@@ -97,7 +97,11 @@ def prefix_cache(model, prefix_ids: list[int]) -> DynamicCache:
 
     The prefix is the same for every question, so its KV is computed once per model and prefix (the decoder
     alone: no LM head over its tokens) and each call gets a cache of its own holding a copy."""
-    cache = DynamicCache(config=model.config)
+    return copy_prefix(DynamicCache(config=model.config), model, prefix_ids)
+
+
+def copy_prefix(cache: DynamicCache, model, prefix_ids: list[int]) -> DynamicCache:
+    """`cache` (empty) with a copy of the prefix's KV from the per-model memo (`shared_prefix`) in every layer."""
     for layer, held in enumerate(shared_prefix(model, prefix_ids).layers):
         cache.update(held.keys.clone(), held.values.clone(), layer)
     return cache

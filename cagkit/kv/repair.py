@@ -32,7 +32,7 @@ from transformers import DynamicCache
 
 from cagkit.kv.attention import ROUTABLE, RUNS_KEYWORD, QueryRuns, route_query_runs
 from cagkit.kv.chunk import ChunkKV
-from cagkit.kv.prefill import prefill_kv, shared_prefix
+from cagkit.kv.prefill import copy_prefix, prefill_kv
 from cagkit.kv.rope import RotaryTables, apply_rope, remove_rope
 from cagkit.kv.selection import top_tokens
 from cagkit.models.architecture import decoder_stack, layer_types
@@ -118,9 +118,9 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
         raise ValueError(f"a dense mask needs eager or sdpa attention, not {decoder.config._attn_implementation!r}")
     dtype = next(model.parameters()).dtype
     device = model_device(model)
-    cache = DynamicCache()  # config-less: every layer keeps every token; the runs or masks below do the windowing
-    for layer, held in enumerate(shared_prefix(model, ids[:start]).layers):  # the prompt's, once per model
-        cache.update(held.keys.clone(), held.values.clone(), layer)
+    # config-less: every layer keeps every token (the runs or masks below do the windowing); the prompt's prefix
+    # from the per-model memo
+    cache = copy_prefix(DynamicCache(), model, ids[:start])
     # The cache holds the prefix and the tokens that are not recomputed, each at its own position; the chosen
     # tokens' stale entries are left out, so attention spans the context once.
     kept = torch.ones(placed.num_tokens, dtype=torch.bool, device=device)
