@@ -74,7 +74,7 @@ from cagkit.models.device import model_device, synchronize
 from cagkit.models.loading import LoadedModel, load_model
 from cagkit.retrieval.rank import check_retrieval
 from cagkit.retrieval.search import retrieve
-from cagkit.store.store import Hit, Store, check_dtype
+from cagkit.store.store import Hit, Store, check_dtype, is_store
 from cagkit.translate.cards import checkpoint_digest, translator_path
 
 TRANSLATED = ("linear", "projector", "mot", "mot-placed", "stored")  # translated when the store is another's
@@ -533,8 +533,20 @@ def write_json_atomic(path: Path, results: dict) -> None:
 
 
 def documents_dir(store: Path) -> Path:
-    """Where the documents' text files live: beside the store, whose entries are keyed by their paths."""
-    return store.with_name(store.name + "-documents")
+    """Where the documents' text files live: beside the store, whose entries are keyed by their paths.
+
+    A copy of a store (`cagkit store migrate --to`) keeps the paths its documents were ingested from, so for a store
+    that exists without a folder beside it, the folder its documents name is used: a run on the copy then finds them
+    ingested instead of prefilling them again under new paths.
+    """
+    own = store.with_name(store.name + "-documents")
+    if own.exists() or not is_store(store):
+        return own
+    with Store.open(store) as st:
+        folders = {Path(doc.path).parent for doc in st.documents()}
+    if len(folders) == 1 and (folder := folders.pop()).is_dir():
+        return folder
+    return own
 
 
 def _command(data, data_format, source, target, methods, limit, top_k, full_context, max_new_tokens, store,

@@ -437,3 +437,21 @@ def test_methods_name_their_own_repair_side_by_side(models, tmp_path, monkeypatc
     for wrong, says in (("native+initial", r"drop the \+initial"), ("stored+bogus", r"\+question or \+deviation")):
         with pytest.raises(CagkitError, match=says):
             runner._check_methods([wrong])
+
+
+def test_a_run_on_a_migrated_copy_reads_the_documents_it_was_copied_with(data, tmp_path):
+    """`store migrate --dtype int8` keeps each document's path: eval on the copy finds them ingested, prefills none
+    again, and makes no documents folder of its own."""
+    from cagkit.cli import main
+
+    args = dict(data=data[0], source=SOURCE, target=SOURCE, methods=["none"], max_new_tokens=2, limit=1)
+    run_eval(store=tmp_path / "store", out=tmp_path / "a.json", **args)
+    with Store.open(tmp_path / "store") as store:
+        held = sorted(d.path for d in store.documents())
+    assert main(["store", "migrate", "--store", str(tmp_path / "store"), "--to", str(tmp_path / "copy"),
+                 "--dtype", "int8"]) == 0
+    run_eval(store=tmp_path / "copy", out=tmp_path / "b.json", dtype="int8", **args)
+    with Store.open(tmp_path / "copy") as copy:
+        assert sorted(d.path for d in copy.documents()) == held
+    assert not (tmp_path / "copy-documents").exists()
+    assert runner.documents_dir(tmp_path / "new") == tmp_path / "new-documents"  # no store yet: beside it
