@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from cagkit.kv.chunk import ChunkKV
-from cagkit.kv.rope import RotaryTables, apply_rope
+from cagkit.kv.rope import RotaryTables
 from cagkit.models.device import model_device
 
 
@@ -17,22 +18,56 @@ def place_chunks(model, cache: DynamicCache, chunks: list[ChunkKV], tables: Rota
     """Append chunks after what `cache` holds, re-applying RoPE at their new positions.
 
     Sliding-window layers keep only their last window of tokens, exactly as after a native prefill.
+
+    Each layer's keys and values are written once into the tensors the cache keeps: the chunks are copied into
+    place without being joined first, RoPE writes its halves in place, and a full-attention layer that already
+    holds the prompt prefix gets one tensor of prefix and chunks instead of a concatenation. The rotation is the
+    one `cagkit.kv.rope.apply_rope` computes, operation for operation, so the keys are the same to the bit.
     """
     if not chunks:
         return
     tables = tables or RotaryTables(model)
     start = cache.get_seq_length()
     device = model_device(model)
-    keys = torch.cat([c.keys.to(device) for c in chunks], dim=1)  # [L, N, H, D]
-    values = torch.cat([c.values.to(device) for c in chunks], dim=1)
-    positions = torch.arange(start, start + keys.shape[1], device=device)
     dtype = next(model.parameters()).dtype
-    angles: dict = {}  # cos, sin per rotary kind: most models have one for every layer, Gemma 3 two
-    for layer in range(keys.shape[0]):
+    layers, _, heads, dim = chunks[0].keys.shape
+    n = sum(c.num_tokens for c in chunks)
+    half = dim // 2
+    positions = torch.arange(start, start + n, device=device)
+    raw = torch.empty(n, heads, dim, dtype=torch.float32, device=device)  # one layer's RoPE-free keys, reused
+    product = torch.empty(n, heads, half, dtype=torch.float32, device=device)
+    rotated = None if dtype == torch.float32 else torch.empty(n, heads, dim, dtype=torch.float32, device=device)
+    angles: dict = {}  # cos and sin halves per rotary kind: most models have one for every layer, Gemma 3 two
+    for layer in range(layers):
         kind = tables.kind(layer)
         if kind not in angles:
-            angles[kind] = tables(layer, positions)
-        cos, sin = angles[kind]
-        k = apply_rope(keys[layer].float(), cos, sin)  # [N, H, D]
-        # [N, H, D] -> [1, H, N, D]
-        cache.update(k.transpose(0, 1)[None].to(dtype), values[layer].transpose(0, 1)[None].to(dtype), layer)
+            cos, sin = tables(layer, positions)  # [n, D]
+            angles[kind] = [t[:, None, :].contiguous() for t in (cos[:, :half], cos[:, half:], sin[:, :half],
+                                                                  sin[:, half:])]
+        cos1, cos2, sin1, sin2 = angles[kind]
+        held = cache.layers[layer] if layer < len(cache.layers) else None
+        # a full-attention layer holding the prefix takes one tensor of both; any other goes through `update`
+        joined = type(held) is DynamicLayer and held.is_initialized and held.keys.numel() > 0
+        before = held.keys.shape[-2] if joined else 0
+        keys = torch.empty(1, heads, before + n, dim, dtype=dtype, device=device)
+        values = torch.empty(1, heads, before + n, dim, dtype=dtype, device=device)
+        if joined:
+            keys[:, :, :before].copy_(held.keys)
+            values[:, :, :before].copy_(held.values)
+        at = before
+        for c in chunks:
+            t = c.num_tokens
+            raw[at - before:at - before + t].copy_(c.keys[layer])
+            values[0, :, at:at + t].copy_(c.values[layer].transpose(0, 1))
+            at += t
+        # keys * cos + rotate_half(keys) * sin, one half at a time: [k1 c1 - k2 s1, k2 c2 + k1 s2]
+        out = keys[0, :, before:].transpose(0, 1) if rotated is None else rotated  # [n, H, D]
+        k1, k2 = raw[..., :half], raw[..., half:]
+        torch.mul(k1, cos1, out=out[..., :half]).sub_(torch.mul(k2, sin1, out=product))
+        torch.mul(k2, cos2, out=out[..., half:]).add_(torch.mul(k1, sin2, out=product))
+        if rotated is not None:
+            keys[0, :, before:].copy_(rotated.transpose(0, 1))
+        if joined:
+            held.keys, held.values = keys, values
+        else:
+            cache.update(keys[:, :, before:], values[:, :, before:], layer)

@@ -78,6 +78,42 @@ def test_sliding_layers_keep_only_their_window(tiny_gemma):
     assert cache.get_seq_length() == len(chunk)
 
 
+@pytest.mark.parametrize("model_fixture", ["tiny_llama", "tiny_gemma"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prefix", [[], [1, 2, 3]])
+def test_placing_several_chunks_writes_apply_rope_s_keys_to_the_bit(model_fixture, dtype, prefix, request):
+    """place_chunks writes each layer in place; its keys are `apply_rope` at the chunks' positions, rounded to the
+    model's dtype once, and its values the chunks' own, after the prefix, whatever the layer kind."""
+    lm = request.getfixturevalue(model_fixture)
+    model = lm.model.to(dtype)
+    model.__dict__.pop("_cagkit_prefix_kv", None)  # the prefix memo holds the dtype the model had
+    try:
+        torch.manual_seed(0)
+        shape = (lm.num_layers, 0, lm.num_kv_heads, lm.head_dim)
+        chunks = [ChunkKV(torch.randn(*shape[:1], n, *shape[2:]), torch.randn(*shape[:1], n, *shape[2:]))
+                  for n in (5, 7, 3)]
+        cache = prefix_cache(model, prefix)
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers] if prefix else []
+        place_chunks(model, cache, chunks)
+        tables = RotaryTables(model)
+        keys = torch.cat([c.keys for c in chunks], dim=1)
+        values = torch.cat([c.values for c in chunks], dim=1)
+        positions = torch.arange(len(prefix), len(prefix) + keys.shape[1])
+        for i, layer in enumerate(cache.layers):
+            want_k = apply_rope(keys[i], *tables(i, positions)).transpose(0, 1)[None].to(dtype)
+            want_v = values[i].transpose(0, 1)[None].to(dtype)
+            if before:
+                want_k = torch.cat([before[i][0], want_k], dim=-2)
+                want_v = torch.cat([before[i][1], want_v], dim=-2)
+            kept = layer.keys.shape[-2]  # a sliding layer keeps its window's last tokens
+            assert layer.keys.dtype == dtype and torch.equal(layer.keys, want_k[:, :, -kept:])
+            assert torch.equal(layer.values, want_v[:, :, -kept:])
+        assert cache.get_seq_length() == len(prefix) + keys.shape[1]
+    finally:
+        model.to(torch.float32)
+        model.__dict__.pop("_cagkit_prefix_kv", None)
+
+
 def test_a_wrong_position_changes_the_logits(tiny_llama):
     """Guards the test above: placing the chunk at another position must not give the same logits."""
     tok = tiny_llama.tokenizer
