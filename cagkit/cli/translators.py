@@ -157,13 +157,18 @@ def run_answers(args) -> int:
         quality = f"F1 {e['f1']:.3f}" if "f1" in e else f"accuracy {e['accuracy']:.3f}"
         against = "; ".join(f"− {name} {d['mean']:+.3f} ({d['low']:+.3f} to {d['high']:+.3f})"
                             for name, d in e["against"].items())
-        gap = f"; {e['gap_closed']['share']:.0%} of the none → oracle gap" if "gap_closed" in e else ""
+        gap = f"; {_share(e['gap_closed'])} of the none → oracle gap" if "gap_closed" in e else ""
         if native := e.get("native_gap_closed"):
-            gap += (f"; {native['share']:.0%} ({native['low']:.0%} to {native['high']:.0%}) of native's lead over "
-                    f"{native['over']}")
+            gap += f"; {_share(native)} of native's lead over {native['over']}"
         print(f"{e['data']} {e['method']} ({e['placement']}, {e['questions']} q): {quality}; {against}{gap}")
     print(f"{card_path(checkpoint)}: {len(entries)} answer record(s) written")
     return 0
+
+
+def _share(found: dict) -> str:
+    """A share of a gap closed, with its interval where the record has one (cards written before had none)."""
+    interval = f" ({found['low']:.0%} to {found['high']:.0%})" if "low" in found else ""
+    return f"{found['share']:.0%}{interval}"
 
 
 def run_list(args) -> int:

@@ -570,8 +570,8 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
     """What the translator checkpoint with sha256[:16] `digest` scored in these results files: one entry per method
     that read it (each method records its checkpoint's digest), with the data, the placement, the questions, the
     quality, and the paired difference against each control in the same file (`select`, `none`); with `oracle` and
-    `none` in the file also the share of the none -> oracle gap closed, and with `native` the share of native's lead
-    over the control closed (`native_gap_closed`, with its interval). For a translator's card, so the figures it
+    `none` in the file also the share of the none -> oracle gap closed (`gap_closed`), and with `native` the share of
+    native's lead over the control closed (`native_gap_closed`), each with its interval. For a translator's card, so the figures it
     shows are those of this checkpoint's own answers. A file where no method read it is refused."""
     entries = []
     for path in result_paths:
@@ -592,12 +592,10 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
                 if control in run["methods"] and (pairs := _shared_scores(scores, run["methods"][control], closed_set)):
                     mean, low, high = paired_bootstrap([x - y for x, y in pairs])
                     entry["against"][control] = {"questions": len(pairs), "mean": mean, "low": low, "high": high}
-            if "none" in run["methods"] and "oracle" in run["methods"]:  # over the questions all three answered
-                by_id = [_per_question(run["methods"][m], closed_set) for m in (method, "none", "oracle")]
-                shared = set(by_id[0]).intersection(*by_id[1:])
-                got, none, oracle = (sum(per[i] for i in shared) / max(len(shared), 1) for per in by_id)
-                if oracle != none:
-                    entry["gap_closed"] = {"questions": len(shared), "share": (got - none) / (oracle - none)}
+            if ("none" in run["methods"] and "oracle" in run["methods"]  # over the questions all three answered
+                    and (found := _gap_closed(*(_per_question(run["methods"][m], closed_set)
+                                                for m in (method, "none", "oracle"))))):
+                entry["gap_closed"] = found
             control = _control(run)
             if (control and "native" in run["methods"] and control != "native"  # the share of native's lead kept
                     and (found := _native_gap(run, method, control, closed_set))):

@@ -693,7 +693,9 @@ def test_a_translators_card_records_what_its_own_answers_scored(tmp_path, capsys
     entries = translator_answers(digest, paths)
     assert [(e["method"], e["placement"], e["questions"]) for e in entries] == [
         ("mot-placed", "top-1, as stored", 40), ("mot", "top-4, blend 0.15 by question", 40)]
-    assert entries[0]["f1"] == 0.25 and entries[0]["gap_closed"] == {"questions": 40, "share": 0.25}
+    gap = entries[0]["gap_closed"]  # over the 40 questions all three answered, with its bootstrap interval
+    assert entries[0]["f1"] == 0.25 and (gap["questions"], gap["share"]) == (40, 0.25)
+    assert 0.05 < gap["low"] < 0.25 < gap["high"] < 0.45
     assert entries[0]["against"]["none"]["mean"] == 0.25 and "select" not in entries[0]["against"]
     assert entries[1]["accuracy"] == 1.0 and entries[1]["against"]["select"]["mean"] == 0.5
     assert "gap_closed" not in entries[1] and "native_gap_closed" not in entries[0]  # no native beside mot-placed
@@ -702,7 +704,7 @@ def test_a_translators_card_records_what_its_own_answers_scored(tmp_path, capsys
     card = json.loads((tmp_path / "smollm2__gemma.json").read_text())
     assert card["steps"] == 600 and [e["method"] for e in card["answers"]] == ["mot-placed", "mot"]
     printed = capsys.readouterr().out
-    assert "25% of the none → oracle gap" in printed and "100% (100% to 100%) of native's lead over select" in printed
+    assert f"25% ({gap['low']:.0%} to {gap['high']:.0%}) of the none → oracle gap" in printed and "100% (100% to 100%) of native's lead over select" in printed
     main(["translators", "answers", str(checkpoint), str(paths[1])])  # again: the entry is replaced, not added
     assert [e["method"] for e in json.loads((tmp_path / "smollm2__gemma.json").read_text())["answers"]] == [
         "mot-placed", "mot"]
