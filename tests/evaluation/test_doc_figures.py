@@ -91,6 +91,12 @@ def bytes_per_token(store: str) -> str:
     return f"{info['kv_bytes_per_token']:,.0f}"
 
 
+def load_place(page: str, store: str) -> str:
+    """A `benchmarks/load_place.py` file's median load-plus-place time of the store whose path ends in `store`."""
+    rows = json.loads((RESULTS / page).read_text())["rows"]
+    return f"{next(r for r in rows if r['store'].endswith(store))['load_place_ms_median']:.0f} ms"
+
+
 def _signed(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
@@ -142,6 +148,7 @@ TRANSLATED_15_R2 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r2.json"
 TRANSLATED_15_R14 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r14.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
 JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
+DOC_QWEN_15_INT8 = "document-caches/squad_v2-qwen-1.5b-doc-int8.json"  # an int8 copy of qwen-1.5b's SQuAD store
 
 SENTENCES = {
     "README.md": [
@@ -285,6 +292,16 @@ SENTENCES = {
                 f"{quality(DOC_QWEN_INT8, 'stored')}, int8 − float16 "
                 f"{difference(DOC_QWEN_MORE, DOC_QWEN_INT8 + ':stored', 'stored', 'commas')}, and gave float16's answer "
                 f"on {same_across(DOC_QWEN_INT8, DOC_QWEN_MORE, 'stored')}",
+        lambda: f"{bytes_per_token('qwen-1.5b-int8')} KV bytes a token against {bytes_per_token('qwen-1.5b')} (0.53x); "
+                f"`stored` scored {quality(DOC_QWEN_15_INT8, 'stored')} F1 against float16's {quality(DOC_QWEN_15, 'stored')}, "
+                f"int8 − float16 {difference(DOC_QWEN_15, DOC_QWEN_15_INT8 + ':stored', 'stored', 'commas')}, and gave "
+                f"float16's answer on {same_across(DOC_QWEN_15_INT8, DOC_QWEN_15, 'stored')}",
+        lambda: f"float16 took {load_place('load-place-qwen-1.5b.json', 'qwen-1.5b')} from its SQLite store and "
+                f"{load_place('load-place-qwen-1.5b.json', '-lance16')} from a LanceDB copy, int8 "
+                f"{load_place('load-place-qwen-1.5b.json', '-int8')} (a LanceDB copy) and int4 "
+                f"{load_place('load-place-qwen-1.5b.json', '-int4')}",
+        lambda: f"all three SQLite stores, {load_place('load-place-qwen.json', '-qwen')[:-3]}, "
+                f"{load_place('load-place-qwen.json', '-int8')[:-3]} and {load_place('load-place-qwen.json', '-int4')}",
         lambda: f"{bytes_per_token('qwen-1.5b-int4')} bytes a token against {bytes_per_token('qwen-1.5b')} (0.28x); "
                 f"over the first 30 questions {difference(DOC_QWEN_15, DOC_QWEN_15_INT4 + ':stored', 'stored', 'commas')}, "
                 f"the same answer on {same_across(DOC_QWEN_15_INT4, DOC_QWEN_15, 'stored')}",
