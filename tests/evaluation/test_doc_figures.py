@@ -97,6 +97,12 @@ def load_place(page: str, store: str) -> str:
     return f"{next(r for r in rows if r['store'].endswith(store))['load_place_ms_median']:.0f} ms"
 
 
+def bench_part(page: str, tokens: int, part: str) -> str:
+    """A part of the stored first token in a `cagkit bench` file's measured round: `load 78 ms`."""
+    row = next(r for r in json.loads((RESULTS / page).read_text())["rows"] if r["document_tokens"] == tokens)
+    return f"{row['rounds'][-1]['stored'][part + '_ms']:,.0f} ms"
+
+
 def _signed(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
@@ -271,6 +277,12 @@ SENTENCES = {
                 f"native prefill's (the issue's goal: at most 0.03) and the `torch.save` baseline's "
                 f"{bench_ratio('bench-qwen-1.5b-int8.json', 4091, 'torch_save')}",
         lambda: f"the document's KV took {bench_megabytes('bench-qwen-1.5b-int8.json', 4091)} on disk",
+        lambda: f"load {bench_part('bench-qwen-1.5b-int8.json', 4091, 'load')}, place "
+                f"{bench_part('bench-qwen-1.5b-int8.json', 4091, 'place')} and the question's prefill "
+                f"{bench_part('bench-qwen-1.5b-int8.json', 4091, 'prefill')}",
+        lambda: (lambda r: f"{r['ms_median']['place_chunks']} ms against {r['ms_median']['plain']} ms ({r['ratio']}x), "
+                           f"the same cache" if r["same_cache"] else "not the same cache")(
+            json.loads((RESULTS / "place-chunks-qwen-1.5b.json").read_text())),
         lambda: f"int8 took {bytes_per_token('qwen-1.5b-hotpot-int8')} KV bytes a token against "
                 f"{bytes_per_token('qwen-1.5b-hotpot')} (0.54x) and gave float16's answer on "
                 f"{same_across(JOINED_INT8, JOINED, 'stored')} questions (int8 − float16 "
