@@ -142,6 +142,7 @@ DOC_FOCUS, DOC_FOCUS_15 = "document-caches/squad_v2-qwen-doc-focus.json", "docum
 DOC_QWEN_INT4, DOC_QWEN_INT8 = "document-caches/squad_v2-qwen-doc-int4.json", "document-caches/squad_v2-qwen-doc-int8.json"
 DOC_QWEN_15_INT4 = "document-caches/squad_v2-qwen-1.5b-doc-int4.json"
 DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's store read by gemma, translated
+DOC_TRANSLATED_QWEN = "document-caches/squad_v2-smollm2-qwen-doc.json"  # the same store read by qwen
 # HotpotQA's paragraphs, each its own document cached apart by qwen-1.5b, joined; the repairs in a run beside it
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
@@ -260,6 +261,14 @@ SENTENCES = {
                 f"times select's",
         lambda: f"(native − select {difference(DOC_TRANSLATED, DOC_GEMMA + ':native', 'select@chunks', 'commas')}, "
                 f"across the two files)",
+        lambda: f"{quality(DOC_TRANSLATED_QWEN, 'stored')} F1 against select's {quality(DOC_TRANSLATED_QWEN, 'select@chunks')} "
+                f"({difference(DOC_TRANSLATED_QWEN, 'stored', 'select@chunks', 'commas')}) and no context's "
+                f"{quality(DOC_TRANSLATED_QWEN, 'none')}, its first token {times(DOC_TRANSLATED_QWEN, 'stored', 'select@chunks')} "
+                f"times select's, of which translating the 5.6k-token article was most (a median of "
+                f"{_median_seconds(DOC_TRANSLATED_QWEN, 'stored', 'translate_ms_median'):.1f} s)",
+        lambda: f"(native − select {difference(DOC_TRANSLATED_QWEN, DOC_QWEN + ':native', 'select@chunks', 'commas')}, "
+                f"across the two files, whose `select@chunks` gave the same "
+                f"{same_across(DOC_TRANSLATED_QWEN, DOC_QWEN, 'select@chunks').split(' of ')[0]} answers)",
         lambda: f"with qwen it scored {quality(DOC_FOCUS, 'focus')} F1 against select's "
                 f"{quality(DOC_FOCUS, 'select@chunks')} over 27 questions, {difference(DOC_FOCUS, 'focus', 'select@chunks')}",
         lambda: f"with qwen-1.5b {quality(DOC_FOCUS_15, 'focus')} against {quality(DOC_FOCUS_15, 'select@chunks')} over "
