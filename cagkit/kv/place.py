@@ -30,6 +30,8 @@ def place_chunks(model, cache: DynamicCache, chunks: list[ChunkKV], tables: Rota
     start = cache.get_seq_length()
     device = model_device(model)
     dtype = next(model.parameters()).dtype
+    if any(c.keys.device != device for c in chunks):  # one transfer a chunk, not one a chunk and layer
+        chunks = [ChunkKV(c.keys.to(device), c.values.to(device)) for c in chunks]
     layers, _, heads, dim = chunks[0].keys.shape
     n = sum(c.num_tokens for c in chunks)
     half = dim // 2
