@@ -143,6 +143,7 @@ DOC_QWEN_INT4, DOC_QWEN_INT8 = "document-caches/squad_v2-qwen-doc-int4.json", "d
 DOC_QWEN_15_INT4 = "document-caches/squad_v2-qwen-1.5b-doc-int4.json"
 DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's store read by gemma, translated
 DOC_TRANSLATED_QWEN = "document-caches/squad_v2-smollm2-qwen-doc.json"  # the same store read by qwen
+DOC_TRANSLATED_15 = "document-caches/squad_v2-smollm2-qwen-1.5b-doc.json"  # and by qwen-1.5b, a ridge translator
 # HotpotQA's paragraphs, each its own document cached apart by qwen-1.5b, joined; the repairs in a run beside it
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
@@ -266,6 +267,15 @@ SENTENCES = {
                 f"{quality(DOC_TRANSLATED_QWEN, 'none')}, its first token {times(DOC_TRANSLATED_QWEN, 'stored', 'select@chunks')} "
                 f"times select's, of which translating the 5.6k-token article was most (a median of "
                 f"{_median_seconds(DOC_TRANSLATED_QWEN, 'stored', 'translate_ms_median'):.1f} s)",
+        lambda: f"{quality(DOC_TRANSLATED_15, 'linear')} F1 against select's {quality(DOC_TRANSLATED_15, 'select@chunks')} "
+                f"({difference(DOC_TRANSLATED_15, 'linear', 'select@chunks', 'commas')}) and no context's "
+                f"{quality(DOC_TRANSLATED_15, 'none')}, its first token {times(DOC_TRANSLATED_15, 'linear', 'select@chunks')} "
+                f"times select's, translation a median of "
+                f"{_median_seconds(DOC_TRANSLATED_15, 'linear', 'translate_ms_median'):.1f} s of it",
+        lambda: (lambda h: f"recovered {h['recovery']['translated']:.2f} of native's next-text loss and "
+                           f"{h['recall']['recovery']['translated']:.2f} of its recall, about what qwen-1.5b gets by prefilling "
+                           f"its bottom 2 layers")(json.loads((RESULTS / "designs/smollm2__qwen-1.5b-linear-1k.card.json")
+                                                      .read_text())["heldout"]),
         lambda: f"(native − select {difference(DOC_TRANSLATED_QWEN, DOC_QWEN + ':native', 'select@chunks', 'commas')}, "
                 f"across the two files, whose `select@chunks` gave the same "
                 f"{same_across(DOC_TRANSLATED_QWEN, DOC_QWEN, 'select@chunks').split(' of ')[0]} answers)",
