@@ -272,6 +272,10 @@ SENTENCES = {
                 f"{quality(DOC_TRANSLATED_15, 'none')}, its first token {times(DOC_TRANSLATED_15, 'linear', 'select@chunks')} "
                 f"times select's, translation a median of "
                 f"{_median_seconds(DOC_TRANSLATED_15, 'linear', 'translate_ms_median'):.1f} s of it",
+        lambda: f"near no context for every target ({difference(DOC_TRANSLATED_QWEN, 'stored', 'none', 'commas')}, over "
+                f"it for qwen; within noise of it for gemma and qwen-1.5b)" if all(
+                    _rows(f, m, "none")[1]["difference"]["low"] <= 0 <= _rows(f, m, "none")[1]["difference"]["high"]
+                    for f, m in ((DOC_TRANSLATED, "stored"), (DOC_TRANSLATED_15, "linear"))) else "not within noise",
         lambda: (lambda h: f"recovered {h['recovery']['translated']:.2f} of native's next-text loss and "
                            f"{h['recall']['recovery']['translated']:.2f} of its recall, about what qwen-1.5b gets by prefilling "
                            f"its bottom 2 layers")(json.loads((RESULTS / "designs/smollm2__qwen-1.5b-linear-1k.card.json")
