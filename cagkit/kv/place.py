@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.rope import RotaryTables
@@ -22,7 +22,8 @@ def place_chunks(model, cache: DynamicCache, chunks: list[ChunkKV], tables: Rota
     Each layer's keys and values are written once into the tensors the cache keeps: the chunks are copied into
     place without being joined first, RoPE writes its halves in place, and a full-attention layer that already
     holds the prompt prefix gets one tensor of prefix and chunks instead of a concatenation. The rotation is the
-    one `cagkit.kv.rope.apply_rope` computes, operation for operation, so the keys are the same to the bit.
+    one `cagkit.kv.rope.apply_rope` computes, operation for operation, so the keys are the same to the bit. A
+    sliding-window layer is given only the last tokens it keeps (its window less one), and counts the rest as seen.
     """
     if not chunks:
         return
@@ -50,26 +51,38 @@ def place_chunks(model, cache: DynamicCache, chunks: list[ChunkKV], tables: Rota
         held = cache.layers[layer] if layer < len(cache.layers) else None
         # a full-attention layer holding the prefix takes one tensor of both; any other goes through `update`
         joined = type(held) is DynamicLayer and held.is_initialized and held.keys.numel() > 0
+        # a sliding-window layer keeps its last `sliding_window - 1` tokens: those are all it needs to be given
+        skip = 0
+        if (isinstance(held, DynamicSlidingWindowLayer) and not held.record_past
+                and hasattr(held, "cumulative_length") and 0 < held.sliding_window - 1 < n):
+            skip = n - (held.sliding_window - 1)
+        kept = n - skip
         before = held.keys.shape[-2] if joined else 0
-        keys = torch.empty(1, heads, before + n, dim, dtype=dtype, device=device)
-        values = torch.empty(1, heads, before + n, dim, dtype=dtype, device=device)
+        keys = torch.empty(1, heads, before + kept, dim, dtype=dtype, device=device)
+        values = torch.empty(1, heads, before + kept, dim, dtype=dtype, device=device)
         if joined:
             keys[:, :, :before].copy_(held.keys)
             values[:, :, :before].copy_(held.values)
-        at = before
+        at = 0  # where each chunk starts among the placed tokens
         for c in chunks:
-            t = c.num_tokens
-            raw[at - before:at - before + t].copy_(c.keys[layer])
-            values[0, :, at:at + t].copy_(c.values[layer].transpose(0, 1))
-            at += t
+            first = max(skip - at, 0)  # the chunk's first token that is kept
+            if first < c.num_tokens:
+                to = at + first - skip
+                count = c.num_tokens - first
+                raw[to:to + count].copy_(c.keys[layer, first:])
+                values[0, :, before + to:before + to + count].copy_(c.values[layer, first:].transpose(0, 1))
+            at += c.num_tokens
         # keys * cos + rotate_half(keys) * sin, one half at a time: [k1 c1 - k2 s1, k2 c2 + k1 s2]
-        out = keys[0, :, before:].transpose(0, 1) if rotated is None else rotated  # [n, H, D]
-        k1, k2 = raw[..., :half], raw[..., half:]
-        torch.mul(k1, cos1, out=out[..., :half]).sub_(torch.mul(k2, sin1, out=product))
-        torch.mul(k2, cos2, out=out[..., half:]).add_(torch.mul(k1, sin2, out=product))
+        out = keys[0, :, before:].transpose(0, 1) if rotated is None else rotated[:kept]  # [kept, H, D]
+        k1, k2 = raw[:kept, :, :half], raw[:kept, :, half:]
+        part = product[:kept]
+        torch.mul(k1, cos1[skip:], out=out[..., :half]).sub_(torch.mul(k2, sin1[skip:], out=part))
+        torch.mul(k2, cos2[skip:], out=out[..., half:]).add_(torch.mul(k1, sin2[skip:], out=part))
         if rotated is not None:
-            keys[0, :, before:].copy_(rotated.transpose(0, 1))
+            keys[0, :, before:].copy_(rotated[:kept].transpose(0, 1))
         if joined:
             held.keys, held.values = keys, values
         else:
-            cache.update(keys[:, :, before:], values[:, :, before:], layer)
+            cache.update(keys, values, layer)
+            if skip:
+                held.cumulative_length += skip  # the tokens it was not given were placed all the same

@@ -303,9 +303,9 @@ SENTENCES = {
         lambda: f"load {bench_part('bench-qwen-1.5b-int8.json', 4091, 'load')}, place "
                 f"{bench_part('bench-qwen-1.5b-int8.json', 4091, 'place')} and the question's prefill "
                 f"{bench_part('bench-qwen-1.5b-int8.json', 4091, 'prefill')}",
-        lambda: (lambda r: f"{r['ms_median']['place_chunks']} ms against {r['ms_median']['plain']} ms ({r['ratio']}x), "
-                           f"the same cache" if r["same_cache"] else "not the same cache")(
-            json.loads((RESULTS / "place-chunks-qwen-1.5b.json").read_text())),
+        *[lambda page=page: (lambda r: f"{r['ms_median']['place_chunks']} ms against {r['ms_median']['plain']} ms "
+                                       f"({r['ratio']}x), the same cache" if r["same_cache"] else "not the same cache")(
+            json.loads((RESULTS / page).read_text())) for page in ("place-chunks-qwen-1.5b.json", "place-chunks-gemma.json")],
         lambda: f"int8 took {bytes_per_token('qwen-1.5b-hotpot-int8')} KV bytes a token against "
                 f"{bytes_per_token('qwen-1.5b-hotpot')} (0.54x) and gave float16's answer on "
                 f"{same_across(JOINED_INT8, JOINED, 'stored')} questions (int8 − float16 "

@@ -91,7 +91,7 @@ def test_placing_several_chunks_writes_apply_rope_s_keys_to_the_bit(model_fixtur
         torch.manual_seed(0)
         shape = (lm.num_layers, 0, lm.num_kv_heads, lm.head_dim)
         chunks = [ChunkKV(torch.randn(*shape[:1], n, *shape[2:]), torch.randn(*shape[:1], n, *shape[2:]))
-                  for n in (5, 7, 3)]
+                  for n in (5, 7, 3, 9)]  # 24 tokens, past tiny Gemma's sliding window of 16
         cache = prefix_cache(model, prefix)
         before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers] if prefix else []
         place_chunks(model, cache, chunks)
