@@ -103,6 +103,18 @@ def bench_part(page: str, tokens: int, part: str) -> str:
     return f"{row['rounds'][-1]['stored'][part + '_ms']:,.0f} ms"
 
 
+def load_share(page: str, tokens: int) -> str:
+    """Load plus place as a share of the stored first token in a `cagkit bench` file's measured round: `7.1%`."""
+    row = next(r for r in json.loads((RESULTS / page).read_text())["rows"] if r["document_tokens"] == tokens)
+    stored = row["rounds"][-1]["stored"]
+    return f"{(stored['load_ms'] + stored['place_ms']) / stored['ttft_ms']:.1%}"
+
+
+def bench_same(page: str, tokens: int) -> bool:
+    row = next(r for r in json.loads((RESULTS / page).read_text())["rows"] if r["document_tokens"] == tokens)
+    return row["stored_equals_native"]
+
+
 def _signed(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
@@ -300,6 +312,12 @@ SENTENCES = {
                 f"native prefill's (the issue's goal: at most 0.03) and the `torch.save` baseline's "
                 f"{bench_ratio('bench-qwen-1.5b-int8.json', 4091, 'torch_save')}",
         lambda: f"the document's KV took {bench_megabytes('bench-qwen-1.5b-int8.json', 4091)} on disk",
+        lambda: f"stored first token took {bench_ratio('bench-qwen-1.5b-int8-place.json', 4091, 'stored')} of native's and "
+                f"`torch.save`'s {bench_ratio('bench-qwen-1.5b-int8-place.json', 4091, 'torch_save')}, with native's first "
+                f"token; its measured round was load {bench_part('bench-qwen-1.5b-int8-place.json', 4091, 'load')}, place "
+                f"{bench_part('bench-qwen-1.5b-int8-place.json', 4091, 'place')} and the question's prefill "
+                f"{bench_part('bench-qwen-1.5b-int8-place.json', 4091, 'prefill')}, so load plus place was "
+                f"{load_share('bench-qwen-1.5b-int8-place.json', 4091)} of it" if bench_same('bench-qwen-1.5b-int8-place.json', 4091) else "not native's first token",
         lambda: f"There the stored first token took {bench_ratio('bench-gemma.json', 16385, 'stored')} of native "
                 f"prefill's (1.87 s against 472.86 s) and `torch.save`'s {bench_ratio('bench-gemma.json', 16385, 'torch_save')} "
                 f"(1.54 s), with native's first token, from {bench_megabytes('bench-gemma.json', 16385)} of KV against "
