@@ -160,6 +160,7 @@ DOC_TRANSLATED_15 = "document-caches/squad_v2-smollm2-qwen-1.5b-doc.json"  # and
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
 STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
+JOINED_GEMMA = "document-caches/hotpotqa-gemma-doc.json"  # the same joins with gemma's own caches, 200 questions
 JOINED_QWEN = "document-caches/hotpotqa-qwen-doc.json"  # the same joins with qwen's own caches, 60 questions
 # qwen's store of the same paragraphs read by qwen-1.5b through a ridge translator fitted on 1k-token passages
 TRANSLATED_15 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc.json"
@@ -266,6 +267,16 @@ SENTENCES = {
         lambda: f"(stored − select {difference(STORIES, 'stored', 'select@chunks', 'commas')})",
         lambda: f"stored gave native's answer on {same_answers(STORIES_NATIVE, 'stored', 'native')} at "
                 f"{ratio(STORIES_NATIVE, 'stored', 'native')} of its first-token time",
+        lambda: f"native {quality(JOINED_GEMMA, 'native')}, the join as stored {quality(JOINED_GEMMA, 'stored')} (stored − "
+                f"native {difference(JOINED_GEMMA, 'stored', 'native', 'commas')}), select {quality(JOINED_GEMMA, 'select@chunks')}, "
+                f"no context {quality(JOINED_GEMMA, 'none')}. Native leads select beyond noise "
+                f"({difference(JOINED_GEMMA, 'native', 'select@chunks', 'commas')}) and the join by a hair less (stored − "
+                f"select {difference(JOINED_GEMMA, 'stored', 'select@chunks', 'commas')}); the join keeps "
+                f"{gap(JOINED_GEMMA, 'stored', 'select@chunks', 'native')} of native's lead, at "
+                f"{ratio(JOINED_GEMMA, 'stored', 'native')} of native's first-token time and "
+                f"{ratio(JOINED_GEMMA, 'stored', 'select@chunks')} of select's",
+        lambda: f"whole SQuAD articles from its store scored {quality(DOC_GEMMA_MORE, 'stored')} against select's "
+                f"{quality(DOC_GEMMA_MORE, 'select@chunks')} ({difference(DOC_GEMMA_MORE, 'stored', 'select@chunks', 'commas')})",
         lambda: f"the deviation's {quality(JOINS, 'stored+deviation')} is native "
                 f"{difference(JOINED, JOINS + ':stored+deviation', 'native')}",
         lambda: f"{quality(DOC_TRANSLATED, 'stored')} F1 against select's {quality(DOC_TRANSLATED, 'select@chunks')} "
