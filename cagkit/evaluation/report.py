@@ -571,8 +571,8 @@ def translator_answers(digest: str, result_paths: list[Path]) -> list[dict]:
     that read it (each method records its checkpoint's digest), with the data, the placement, the questions, the
     quality, and the paired difference against each control in the same file (`select`, `none`); with `oracle` and
     `none` in the file also the share of the none -> oracle gap closed (`gap_closed`), and with `native` the share of
-    native's lead over the control closed (`native_gap_closed`), each with its interval. For a translator's card, so the figures it
-    shows are those of this checkpoint's own answers. A file where no method read it is refused."""
+    native's lead over the control closed (`native_gap_closed`), each with its interval. For a translator's card, so
+    the figures it shows are those of this checkpoint's own answers. A file where no method read it is refused."""
     entries = []
     for path in result_paths:
         run = _load_results(Path(path))
