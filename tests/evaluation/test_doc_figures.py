@@ -161,7 +161,7 @@ JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
 STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
 JOINED_GEMMA = "document-caches/hotpotqa-gemma-doc.json"  # the same joins with gemma's own caches, 200 questions
-JOINED_QWEN = "document-caches/hotpotqa-qwen-doc.json"  # the same joins with qwen's own caches, 60 questions
+JOINED_QWEN = "document-caches/hotpotqa-qwen-doc.json"  # the same joins with qwen's own caches, 100 questions
 # qwen's store of the same paragraphs read by qwen-1.5b through a ridge translator fitted on 1k-token passages
 TRANSLATED_15 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc.json"
 # the same with qwen-1.5b prefilling its bottom 2 or 14 layers of each paragraph (--recompute-layers), 30 questions
