@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -85,33 +87,29 @@ def test_placing_several_chunks_writes_apply_rope_s_keys_to_the_bit(model_fixtur
     """place_chunks writes each layer in place; its keys are `apply_rope` at the chunks' positions, rounded to the
     model's dtype once, and its values the chunks' own, after the prefix, whatever the layer kind."""
     lm = request.getfixturevalue(model_fixture)
-    model = lm.model.to(dtype)
+    model = copy.deepcopy(lm.model).to(dtype)  # a copy: a round trip through bfloat16 would change the shared model
     model.__dict__.pop("_cagkit_prefix_kv", None)  # the prefix memo holds the dtype the model had
-    try:
-        torch.manual_seed(0)
-        shape = (lm.num_layers, 0, lm.num_kv_heads, lm.head_dim)
-        chunks = [ChunkKV(torch.randn(*shape[:1], n, *shape[2:]), torch.randn(*shape[:1], n, *shape[2:]))
-                  for n in (5, 7, 3, 9)]  # 24 tokens, past tiny Gemma's sliding window of 16
-        cache = prefix_cache(model, prefix)
-        before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers] if prefix else []
-        place_chunks(model, cache, chunks)
-        tables = RotaryTables(model)
-        keys = torch.cat([c.keys for c in chunks], dim=1)
-        values = torch.cat([c.values for c in chunks], dim=1)
-        positions = torch.arange(len(prefix), len(prefix) + keys.shape[1])
-        for i, layer in enumerate(cache.layers):
-            want_k = apply_rope(keys[i], *tables(i, positions)).transpose(0, 1)[None].to(dtype)
-            want_v = values[i].transpose(0, 1)[None].to(dtype)
-            if before:
-                want_k = torch.cat([before[i][0], want_k], dim=-2)
-                want_v = torch.cat([before[i][1], want_v], dim=-2)
-            kept = layer.keys.shape[-2]  # a sliding layer keeps its window's last tokens
-            assert layer.keys.dtype == dtype and torch.equal(layer.keys, want_k[:, :, -kept:])
-            assert torch.equal(layer.values, want_v[:, :, -kept:])
-        assert cache.get_seq_length() == len(prefix) + keys.shape[1]
-    finally:
-        model.to(torch.float32)
-        model.__dict__.pop("_cagkit_prefix_kv", None)
+    torch.manual_seed(0)
+    shape = (lm.num_layers, 0, lm.num_kv_heads, lm.head_dim)
+    chunks = [ChunkKV(torch.randn(*shape[:1], n, *shape[2:]), torch.randn(*shape[:1], n, *shape[2:]))
+              for n in (5, 7, 3, 9)]  # 24 tokens, past tiny Gemma's sliding window of 16
+    cache = prefix_cache(model, prefix)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers] if prefix else []
+    place_chunks(model, cache, chunks)
+    tables = RotaryTables(model)
+    keys = torch.cat([c.keys for c in chunks], dim=1)
+    values = torch.cat([c.values for c in chunks], dim=1)
+    positions = torch.arange(len(prefix), len(prefix) + keys.shape[1])
+    for i, layer in enumerate(cache.layers):
+        want_k = apply_rope(keys[i], *tables(i, positions)).transpose(0, 1)[None].to(dtype)
+        want_v = values[i].transpose(0, 1)[None].to(dtype)
+        if before:
+            want_k = torch.cat([before[i][0], want_k], dim=-2)
+            want_v = torch.cat([before[i][1], want_v], dim=-2)
+        kept = layer.keys.shape[-2]  # a sliding layer keeps its window's last tokens
+        assert layer.keys.dtype == dtype and torch.equal(layer.keys, want_k[:, :, -kept:])
+        assert torch.equal(layer.values, want_v[:, :, -kept:])
+    assert cache.get_seq_length() == len(prefix) + keys.shape[1]
 
 
 def test_a_wrong_position_changes_the_logits(tiny_llama):
