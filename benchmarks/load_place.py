@@ -40,22 +40,30 @@ def shape_only_model(model: str):
     return AutoModelForCausalLM.from_config(config).eval(), text
 
 
+def common_options(ap: argparse.ArgumentParser, repeats: int) -> None:
+    ap.add_argument("--repeats", type=int, default=repeats)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default=None)
+
+
+def shape_only_target(args) -> tuple:
+    """(model, config, rotary tables, KV heads, head dim) of `args.model` without its weights, on `args.threads`."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, config = shape_only_model(args.model)
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return model, config, RotaryTables(model), config.num_key_value_heads, dim
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="the target whose cache the KV is placed into (the stores' model)")
     ap.add_argument("--stores", required=True, help="comma-separated stores holding the same document")
     ap.add_argument("--document", default=None, help="its path or file name in the first store, found by content "
                     "in the others (default: the first store's first document)")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=None)
+    common_options(ap, repeats=5)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, config = shape_only_model(args.model)
-    tables = RotaryTables(model)
-    heads, dim = config.num_key_value_heads, getattr(config, "head_dim", None) or (
-        config.hidden_size // config.num_attention_heads)
+    model, config, tables, heads, dim = shape_only_target(args)
     prefix = [(torch.randn(1, heads, PREFIX_TOKENS, dim), torch.randn(1, heads, PREFIX_TOKENS, dim))
               for _ in range(config.num_hidden_layers)]
 

@@ -23,7 +23,7 @@ from cagkit.kv.place import place_chunks
 from cagkit.kv.rope import RotaryTables, apply_rope
 
 sys.path.insert(0, str(Path(__file__).parent))
-from load_place import PREFIX_TOKENS, shape_only_model  # noqa: E402
+from load_place import PREFIX_TOKENS, common_options, shape_only_target  # noqa: E402
 
 
 @torch.no_grad()
@@ -46,16 +46,10 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--chunks", type=int, default=24)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=None)
+    common_options(ap, repeats=7)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, config = shape_only_model(args.model)
-    tables = RotaryTables(model)
-    layers, heads = config.num_hidden_layers, config.num_key_value_heads
-    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    model, config, tables, heads, dim = shape_only_target(args)
+    layers = config.num_hidden_layers
     g = torch.Generator().manual_seed(0)
     sizes = [args.tokens // args.chunks] * (args.chunks - 1)
     sizes.append(args.tokens - sum(sizes))
