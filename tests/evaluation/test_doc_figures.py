@@ -160,7 +160,7 @@ DOC_TRANSLATED_15 = "document-caches/squad_v2-smollm2-qwen-1.5b-doc.json"  # and
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
 STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
-STORIES_15 = "document-caches/quality-qwen-1.5b-doc.json"  # qwen-1.5b's own caches, the first 64 questions
+STORIES_15 = "document-caches/quality-qwen-1.5b-doc.json"  # qwen-1.5b's own caches, all 94 questions of part a
 JOINED_GEMMA = "document-caches/hotpotqa-gemma-doc.json"  # the same joins with gemma's own caches, 200 questions
 JOINED_QWEN = "document-caches/hotpotqa-qwen-doc.json"  # the same joins with qwen's own caches, 100 questions
 # qwen's store of the same paragraphs read by qwen-1.5b through a ridge translator fitted on 1k-token passages
