@@ -74,15 +74,18 @@ def same_across(file: str, other: str, method: str) -> str:
     return f"{sum(mine[i] == theirs[i] for i in shared)} of {len(shared)}"
 
 
+def _bench_row(page: str, tokens: int) -> dict:
+    """The row of a `cagkit bench` results file for the document of `tokens` tokens."""
+    return next(r for r in json.loads((RESULTS / page).read_text())["rows"] if r["document_tokens"] == tokens)
+
+
 def bench_ratio(page: str, tokens: int, method: str) -> str:
     """A `cagkit bench` results file's median first token of `method` over native's, at the size of `tokens`."""
-    rows = json.loads((RESULTS / page).read_text())["rows"]
-    return f"{next(r for r in rows if r['document_tokens'] == tokens)['ratio_to_native'][method]:.4f}"
+    return f"{_bench_row(page, tokens)['ratio_to_native'][method]:.4f}"
 
 
 def bench_megabytes(page: str, tokens: int) -> str:
-    rows = json.loads((RESULTS / page).read_text())["rows"]
-    return f"{next(r for r in rows if r['document_tokens'] == tokens)['store_kv_bytes'] / 1e6:.1f} MB"
+    return f"{_bench_row(page, tokens)['store_kv_bytes'] / 1e6:.1f} MB"
 
 
 def bytes_per_token(store: str) -> str:
@@ -99,19 +102,19 @@ def load_place(page: str, store: str) -> str:
 
 def bench_part(page: str, tokens: int, part: str) -> str:
     """A part of the stored first token in a `cagkit bench` file's measured round: `load 78 ms`."""
-    row = next(r for r in json.loads((RESULTS / page).read_text())["rows"] if r["document_tokens"] == tokens)
+    row = _bench_row(page, tokens)
     return f"{row['rounds'][-1]['stored'][part + '_ms']:,.0f} ms"
 
 
 def load_share(page: str, tokens: int) -> str:
     """Load plus place as a share of the stored first token in a `cagkit bench` file's measured round: `7.1%`."""
-    row = next(r for r in json.loads((RESULTS / page).read_text())["rows"] if r["document_tokens"] == tokens)
+    row = _bench_row(page, tokens)
     stored = row["rounds"][-1]["stored"]
     return f"{(stored['load_ms'] + stored['place_ms']) / stored['ttft_ms']:.1%}"
 
 
 def bench_same(page: str, tokens: int) -> bool:
-    row = next(r for r in json.loads((RESULTS / page).read_text())["rows"] if r["document_tokens"] == tokens)
+    row = _bench_row(page, tokens)
     return row["stored_equals_native"]
 
 
