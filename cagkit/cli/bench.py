@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sizes", default="1024,4096,16384", help="document tokens, comma-separated (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3,
                    help="measured rounds per size, after one warm-up round (default: %(default)s)")
+    p.add_argument("--no-native-warm-up", dest="native_warm_up", action="store_false",
+                   help="leave native out of the warm-up round (the other three run the same model code, so the "
+                        "process is warm); for sizes where one native prefill takes many minutes")
     p.add_argument("--text", default=None,
                    help="the text to cut the documents from (default: $CAGKIT_DATA/corpus/gutenberg/testing/"
                         "chesterton-brown.txt, $CAGKIT_DATA defaulting to ../shared/data)")

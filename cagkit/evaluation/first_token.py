@@ -15,7 +15,8 @@ sentence embeddings and writing; the model already loaded).
 
 Per size, one question (`--question`; the default asks about the default book's opening) and one new token; four
 ways to the first token, side by side in one process and interleaved (each round runs all four, the order rotated
-by one each round): one warm-up round, dropped, then the median of `--repeats` rounds. Retrieval and the scope
+by one each round): one warm-up round, dropped (without native under `--no-native-warm-up`, for sizes where one
+native prefill takes many minutes), then the median of `--repeats` rounds. Retrieval and the scope
 choice are done once, before the clock starts, for all four.
 
 - `native`: `answer_from_chunks(mode="native", scope="document")`: the model prefills the prompt prefix, the
@@ -36,7 +37,8 @@ first token's time went), their ratios to native, whether `stored` gives native'
 the store's KV bytes on disk for the document against the torch.save file's bytes, the document's tokens, its
 ingest time and rate, and the load average; the file holds the machine (threads, device, torch and transformers
 versions, CPU count). Results go to `--out`, rewritten after the ingest and after every round, so a stopped run
-keeps what it measured; a rerun skips the sizes already measured and redoes a size it left half done. Times compare
+keeps what it measured; a rerun skips the sizes already measured and redoes a size it left half done, keeping its
+ingest and its torch.save file. Times compare
 within one results file only. `--plot` draws the first-token time (log) against document tokens (log), `--report`
 writes the table as Markdown (what the docs link to), and the table is printed; `--replot` redoes those three from
 `--out` without loading a model.
@@ -194,7 +196,7 @@ def measure_size(lm, args, book: Path, text: str, size: int, store_dir: Path, fi
                    store_dtype=store.settings.dtype)
         print(f"size {size}: {entry['tokens']} tokens, {entry['chunks']} chunks, ingest "
               f"{row['ingest']['seconds']:.1f} s ({row['ingest']['tokens_per_s']:.0f} tokens/s)", flush=True)
-        timings_of = methods(lm, store, doc_id, args.question, files_dir / f"{size}.pt", row)
+        timings_of = methods(lm, store, doc_id, args.question, files_dir / f"{size}.pt", row, before)
         save()
         rounds = []
         row["rounds"] = rounds
@@ -202,18 +204,21 @@ def measure_size(lm, args, book: Path, text: str, size: int, store_dir: Path, fi
             order = METHODS[r % len(METHODS):] + METHODS[: r % len(METHODS)]
             done = {"warm_up": r == 0, "order": list(order), "loadavg": [round(x, 2) for x in os.getloadavg()]}
             for name in order:
+                if r == 0 and name == "native" and not getattr(args, "native_warm_up", True):
+                    continue  # --no-native-warm-up
                 done[name] = timings_of[name]()
             rounds.append(done)
             row.update(summarise(rounds))
             save()
             print(f"size {size} round {r}{' (warm-up)' if r == 0 else ''}: "
-                  + ", ".join(f"{m} {done[m]['ttft_ms'] / 1e3:.2f} s" for m in METHODS), flush=True)
+                  + ", ".join(f"{m} {done[m]['ttft_ms'] / 1e3:.2f} s" for m in METHODS if m in done), flush=True)
     (files_dir / f"{size}.pt").unlink(missing_ok=True)
 
 
-def methods(lm, store, doc_id: str, question: str, saved: Path, row: dict) -> dict:
+def methods(lm, store, doc_id: str, question: str, saved: Path, row: dict, before: dict | None = None) -> dict:
     """The four ways to the first token on document `doc_id`, each a function giving one run's
-    {"ttft_ms", "answer", ...}; builds the torch.save baseline's file (recorded in `row`) on the way."""
+    {"ttft_ms", "answer", ...}; builds the torch.save baseline's file (recorded in `row`) on the way, or keeps the
+    one a half-done run of this size left (`before`, its record) when it holds the same tokens and bytes."""
     from cagkit.ask import answer_from_chunks, choose_scope
     from cagkit.config import AS_STORED, Placement
     from cagkit.generation import context_room, prompt_parts
@@ -228,7 +233,12 @@ def methods(lm, store, doc_id: str, question: str, saved: Path, row: dict) -> di
     row["select_chunks"] = sorted(h.idx for h in hits)
     document_ids = [t for ids in store.token_ids([h.chunk_id for h in placed]) for t in ids]
     row["prompt_tokens"] = len(prefix) + len(document_ids) + len(suffix)
-    row["torch_save"] = save_cache(lm, prefix + document_ids, saved)
+    kept = (before or {}).get("torch_save")
+    if kept and kept["tokens"] == len(prefix) + len(document_ids) and saved.is_file() \
+            and saved.stat().st_size == kept["bytes"]:
+        row["torch_save"] = kept  # its prefill and save times are the run's that wrote the file
+    else:
+        row["torch_save"] = save_cache(lm, prefix + document_ids, saved)
 
     def cagkit(mode: str, hits, placement, scope: str):
         def once() -> dict:
@@ -288,6 +298,8 @@ def summarise(rounds: list[dict]) -> dict:
     """Medians of the measured rounds (the warm-up round alone while it is all there is), ratios to native, and
     whether the first tokens agree."""
     measured = [r for r in rounds if not r["warm_up"]] or rounds
+    if any(m not in r for r in measured for m in METHODS):
+        return {}  # only a warm-up round without native (--no-native-warm-up) so far
     median = {m: statistics.median(r[m]["ttft_ms"] for r in measured) for m in METHODS}
     parts = {m: {k: statistics.median(r[m][k] for r in measured) for k in ("load_ms", "prefill_ms")} for m in METHODS}
     first = {m: rounds[-1][m]["answer"] for m in METHODS}
@@ -297,7 +309,7 @@ def summarise(rounds: list[dict]) -> dict:
         "parts_ms": parts,
         "ratio_to_native": {m: round(median[m] / median["native"], 4) for m in ("stored", "torch_save", "select")},
         "first_token": first,
-        "stored_equals_native": all(r["stored"]["answer"] == r["native"]["answer"] for r in rounds),
+        "stored_equals_native": all(r["stored"]["answer"] == r["native"]["answer"] for r in rounds if "native" in r),
         "stored_equals_torch_save": all(r["stored"]["answer"] == r["torch_save"]["answer"] for r in rounds),
         "measured_at": time.strftime("%Y-%m-%d %H:%M"),
     }
@@ -322,6 +334,8 @@ def _command(args) -> str:
     parts = ["cagkit", "bench", "--model", args.model, "--sizes", args.sizes, "--repeats", str(args.repeats)]
     if args.dtype != "float16":
         parts += ["--dtype", args.dtype]
+    if not getattr(args, "native_warm_up", True):
+        parts += ["--no-native-warm-up"]
     for option in ("text", "store", "out", "threads", "device"):
         if getattr(args, option, None):
             parts += [f"--{option}", str(getattr(args, option))]

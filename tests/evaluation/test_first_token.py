@@ -44,6 +44,38 @@ def test_bench_on_a_tiny_model_writes_results_table_and_page(tiny_llama, tmp_pat
     assert row["store_dtype"] == "int4" and row["store_kv_bytes"] < 0.6 * result["rows"][1]["store_kv_bytes"]
 
 
+def test_a_half_done_size_keeps_its_torch_save_file_and_native_can_skip_the_warm_up(tiny_llama, tmp_path,
+                                                                                    monkeypatch):
+    from cagkit.evaluation import first_token
+
+    text = tmp_path / "book.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "bench.json"
+    monkeypatch.chdir(tmp_path)  # the torch.save files go under results/bench-files/<model>
+    args = ["bench", "--model", "tiny-llama", "--sizes", "48", "--repeats", "1", "--text", str(text), "--store",
+            str(tmp_path / "st"), "--out", str(out), "--plot", "", "--report", "", "--threads", "1"]
+    real_answer = first_token.load_and_answer
+
+    def stop_after_the_file(*a, **k):  # the run stops once the baseline's file is written and ingest recorded
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(first_token, "load_and_answer", stop_after_the_file)
+    assert main([*args, "--no-native-warm-up"]) != 0  # "interrupted; what was finished is kept"
+    (half,) = json.loads(out.read_text())["rows"]
+    assert half["partial"] and half["torch_save"]["bytes"] > 0 and half["ingest"]["tokens"] > 0
+    saved = []
+    real_save = first_token.save_cache
+    monkeypatch.setattr(first_token, "save_cache", lambda *a, **k: saved.append(1) or real_save(*a, **k))
+    monkeypatch.setattr(first_token, "load_and_answer", real_answer)
+    assert main([*args, "--no-native-warm-up"]) == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert not saved and row["torch_save"] == half["torch_save"] and row["ingest"] == half["ingest"]
+    warm_up, measured = row["rounds"]
+    assert "native" not in warm_up and "native" in measured and row["stored_equals_native"]
+    assert "--no-native-warm-up" in result["settings"]["command"] and result["settings"]["complete"]
+
+
 @pytest.mark.parametrize("extra,words", [
     (["--sizes", "a,b"], "--sizes 'a,b': give document tokens as whole numbers"),
     (["--sizes", "8"], "each size must be at least 16 tokens"),
