@@ -525,7 +525,7 @@ def chunk_problems(n_chunks: int, rows, open_file, checksums: bool) -> list[str]
             problems.append(f"chunk {idx}: KV file {kv_file} lacks its {', '.join(missing)}")
         elif checksums:
             try:
-                if file.checksum(idx) != checksum:
+                if file.checksum(idx, like=checksum) != checksum:
                     problems.append(f"chunk {idx}: its tensors in KV file {kv_file} do not match their checksum")
             except DamagedFile as exc:
                 problems.append(f"chunk {idx}: KV file {kv_file}: {exc}")
@@ -550,7 +550,7 @@ def read_chunks(open_file, file_label, store, entries: list[tuple]) -> list[Stor
     from cagkit.kv.quant import dequantize
 
     try:
-        read = open_file().read_chunks([e[2] for e in entries if e[4] is not None])
+        read = open_file().read_chunks([e[2] for e in entries if e[4] is not None], {e[2]: e[4] for e in entries})
     except DamagedFile as exc:
         read = {e[2]: exc for e in entries}
     out: list[StoredChunk | DamagedChunkError] = []

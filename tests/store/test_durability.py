@@ -530,3 +530,30 @@ def test_an_unbroken_line_is_cut_at_tokens_with_few_tokenizer_calls(tiny_llama):
     assert sum(tiny_llama.count_tokens(c.text) for c in chunks) >= 0.9 * 128 * len(chunks)  # full chunks
     assert len(calls) <= 3 * len(chunks) + 3  # three tokenizer calls per chunk ...
     assert max(calls) <= 8 * 128  # ... none over more than a window of the line
+
+
+def test_chunk_checksums_are_xxh3_and_a_store_with_sha256_checksums_reads_and_verifies_as_it_is(
+        tiny_llama, dup, tmp_path, capsys):
+    from cagkit.store.kvfile import KVFile
+    from cagkit.store.store import DamagedChunkError
+
+    store = tmp_path / "s"
+    (dup / "y.txt").write_text(FERRY)
+    _ingest(dup, store)
+    y = str((dup / "y.txt").resolve())
+    with sqlite3.connect(store / "manifest.sqlite") as db:
+        rows = db.execute("SELECT id, kv_file, idx, checksum FROM chunks").fetchall()
+        assert rows and all(c.startswith("xxh3-128:") and len(c) == len("xxh3-128:") + 32 for *_, c in rows)
+        for chunk_id, kv_file, idx, _ in rows:  # as a store written before XXH3 recorded them: bare SHA-256
+            sha = KVFile(store / "kv" / kv_file).checksum(idx, like="0" * 64)
+            assert len(sha) == 64 and int(sha, 16) >= 0
+            db.execute("UPDATE chunks SET checksum = ? WHERE id = ?", (sha, chunk_id))
+    assert _cli("store", "verify", "--store", store) == 0
+    with Store.open(store) as st:
+        assert all(st.load_chunk(c).kv.num_tokens > 0 for c in st.chunk_ids(y))
+        _damage_tensor_bytes(store / "kv" / st.kv_files(st.document(y))[0])
+        with pytest.raises(DamagedChunkError, match="does not match its checksum"):
+            st.load_chunk(st.chunk_ids(y)[-1])
+    capsys.readouterr()
+    assert _cli("store", "verify", "--store", store) == 1
+    assert f"damaged {y}" in capsys.readouterr().out
