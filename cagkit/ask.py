@@ -307,7 +307,7 @@ def build_context_cache(lm: LoadedModel, store: Store, hits: list[Hit], question
     steps are: load the chunks, their KV from the source (`translate_s` starts), the repair (`repair_s`: the
     target's recomputed bottom layers, then `placement.blend`), and the placing; `ask` prints the two parts of
     `translate_s` as "translate" and "repair". `prompt` and `vector` as for `answer_from_chunks`. With `warm`, a
-    context placed with blend 0 is kept there and a later question on the same chunks starts from a copy of it
+    context placed with blend 0 is kept there and a later question on the same chunks starts from it
     (`cagkit.kv.warm`): nothing is read or placed.
     """
     placement.check(lm)

@@ -52,8 +52,9 @@ def test_a_warm_context_is_the_cold_one_and_questions_do_not_change_it(tiny_llam
         tiny_llama.model(input_ids=torch.tensor([first.pending_ids]), cache=first.cache, use_cache=True)
         got = build_context_cache(tiny_llama, st, hits, "q?", "stored", AS_STORED, "document", warm=warm)
     assert not first.warm and got.warm and got.context_tokens == cold.context_tokens
-    tiny_llama.model(input_ids=torch.tensor([got.pending_ids]), cache=got.cache, use_cache=True)  # extends the copy
     (entry,) = warm._entries.values()
+    assert all(a.keys.data_ptr() == b.keys.data_ptr() for a, b in zip(entry.cache.layers, got.cache.layers))  # no copy
+    tiny_llama.model(input_ids=torch.tensor([got.pending_ids]), cache=got.cache, use_cache=True)  # extends the copy
     assert entry.cache.get_seq_length() == cold.cache.get_seq_length() < got.cache.get_seq_length()
     for a, b in zip(entry.cache.layers, cold.cache.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
