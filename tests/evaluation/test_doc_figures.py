@@ -164,6 +164,7 @@ JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
 STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
 STORIES_15 = "document-caches/quality-qwen-1.5b-doc.json"  # qwen-1.5b's own caches, all 94 questions of part a
+STORIES_GEMMA = "document-caches/quality-gemma-doc.json"  # gemma's own caches, all 94; native on the first 30
 JOINED_GEMMA = "document-caches/hotpotqa-gemma-doc.json"  # the same joins with gemma's own caches, 200 questions
 JOINED_QWEN = "document-caches/hotpotqa-qwen-doc.json"  # the same joins with qwen's own caches, 100 questions
 # qwen's store of the same paragraphs read by qwen-1.5b through a ridge translator fitted on 1k-token passages
@@ -273,6 +274,12 @@ SENTENCES = {
                 f"{quality(STORIES_15, 'none')} (stored − select {difference(STORIES_15, 'stored', 'select@chunks', 'commas')}; "
                 f"select − no context {difference(STORIES_15, 'select@chunks', 'none', 'commas')}). Stored answered at "
                 f"{ratio(STORIES_15, 'stored', 'select@chunks')} of select's first-token time",
+        lambda: f"stored {quality(STORIES_GEMMA, 'stored')} accuracy, select {quality(STORIES_GEMMA, 'select@chunks')}, "
+                f"native over the top-4 chunks (`native@chunks`) {quality(STORIES_GEMMA, 'native@chunks')}, no context "
+                f"{quality(STORIES_GEMMA, 'none')} (stored − select "
+                f"{difference(STORIES_GEMMA, 'stored', 'select@chunks', 'commas')})",
+        lambda: f"stored gave native's answer on {same_answers(STORIES_GEMMA, 'stored', 'native')} at "
+                f"{ratio(STORIES_GEMMA, 'stored', 'native')} of its first-token time",
         lambda: f"stored gave native's answer on {same_answers(STORIES_NATIVE, 'stored', 'native')} at "
                 f"{ratio(STORIES_NATIVE, 'stored', 'native')} of its first-token time",
         lambda: f"native {quality(JOINED_GEMMA, 'native')}, the join as stored {quality(JOINED_GEMMA, 'stored')} (stored − "
