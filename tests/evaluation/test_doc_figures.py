@@ -334,6 +334,14 @@ SENTENCES = {
                 f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
     ],
     "docs/speed.md": [
+        lambda: (lambda d: f"the first question took {d['first']['ttft_ms'] / 1e3:.2f} s to its first token (load "
+                           f"{d['first']['load_ms']:.0f} ms, place {d['first']['place_ms']:.0f} ms, the question's prefill "
+                           f"{d['first']['prefill_ms']:,.0f} ms); the three repeated ones "
+                           f"{min(r['ttft_ms'] for r in d['repeated']) / 1e3:.2f} to "
+                           f"{max(r['ttft_ms'] for r in d['repeated']) / 1e3:.2f} s, median {d['repeated_over_first']:.2f}x "
+                           f"the first, with load and place "
+                           f"{max(max(r['load_ms'], r['place_ms']) for r in d['repeated']):.1f} ms each")(
+            json.loads((RESULTS / "serve-warm-qwen.json").read_text())["documents"]),
         lambda: f"tokens the int8 store's first token took {bench_ratio('bench-qwen-1.5b-int8.json', 4091, 'stored')} of "
                 f"native prefill's (the issue's goal: at most 0.03) and the `torch.save` baseline's "
                 f"{bench_ratio('bench-qwen-1.5b-int8.json', 4091, 'torch_save')}",
