@@ -278,6 +278,9 @@ SENTENCES = {
                 f"native over the top-4 chunks (`native@chunks`) {quality(STORIES_GEMMA, 'native@chunks')}, no context "
                 f"{quality(STORIES_GEMMA, 'none')} (stored − select "
                 f"{difference(STORIES_GEMMA, 'stored', 'select@chunks', 'commas')})",
+        lambda: f"gemma {quality(JOINED_GEMMA, 'native@chunks')} (against native "
+                f"{difference(JOINED_GEMMA, 'native@chunks', 'native', 'commas')}), qwen "
+                f"{quality(JOINED_QWEN, 'native@chunks')} ({difference(JOINED_QWEN, 'native@chunks', 'native', 'commas')})",
         lambda: f"stored gave native's answer on {same_answers(STORIES_GEMMA, 'stored', 'native')} at "
                 f"{ratio(STORIES_GEMMA, 'stored', 'native')} of its first-token time",
         lambda: f"stored gave native's answer on {same_answers(STORIES_NATIVE, 'stored', 'native')} at "
