@@ -104,6 +104,20 @@ def flash_implementation(device) -> str | None:
     return None
 
 
+def cpu_gqa_attention() -> None:
+    """Let transformers' SDPA attention attend grouped-query heads in place under a mask on the CPU.
+
+    By default transformers widens a GQA model's keys and values to one copy per query head (`repeat_kv`) whenever
+    an attention mask is given, which it is for every prefill after a cache: a question over a placed document.
+    That copy is most of the question's attention over a long context (for qwen-1.5b's 2 KV heads and 12 query
+    heads at 16k tokens, 280 ms against 85 ms a layer on one core, the same output to the bit), and PyTorch's
+    CPU kernels take the grouped heads as they are (`enable_gqa`). transformers reads the switch,
+    TRANSFORMERS_SDPA_FORCE_GQA, at every call; it is set for the process unless the environment sets it already
+    (its CUDA kernels would fall back to the slow path with a mask, so it is set only when a model loads on the
+    CPU). `benchmarks/gqa_prefill.py` times a question's prefill over a placed context with it and without."""
+    os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+
+
 def load_model(name: str, device: str | None = None) -> LoadedModel:
     """Load a model by alias, Hugging Face id or directory (eval mode) onto `device` (see `resolve_device`);
     cached per process and device. fp32 with transformers' default attention (SDPA), except on CUDA where
@@ -138,6 +152,8 @@ def load_model(name: str, device: str | None = None) -> LoadedModel:
         info=info,
     )
     model.to(target)
+    if target.type == "cpu":
+        cpu_gqa_attention()
     flash = flash_implementation(target)
     if flash is not None:  # flash-attn computes in fp16 or bf16 only
         model.to(torch.bfloat16)

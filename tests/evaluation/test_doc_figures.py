@@ -174,7 +174,8 @@ TRANSLATED_15_R2 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r2.json"
 TRANSLATED_15_R14 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r14.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
 JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
-DOC_QWEN_15_INT8 = "document-caches/squad_v2-qwen-1.5b-doc-int8.json"  # an int8 copy of qwen-1.5b's SQuAD store
+DOC_QWEN_15_INT8 = "document-caches/squad_v2-qwen-1.5b-doc-int8.json"
+TTFT_15 = "document-ttft-qwen-1.5b.json"  # `cagkit bench` of qwen-1.5b, 512 to 16k tokens  # an int8 copy of qwen-1.5b's SQuAD store
 
 SENTENCES = {
     "README.md": [
@@ -337,6 +338,25 @@ SENTENCES = {
                 f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
     ],
     "docs/speed.md": [
+        lambda: (lambda r8, r16: f"At 8,207 tokens the stored first token took {bench_ratio(TTFT_15, 8207, 'stored')} of "
+                                 f"native prefill's ({r8['ttft_ms']['stored'] / 1e3:.2f} s against "
+                                 f"{r8['ttft_ms']['native'] / 1e3:.2f} s) and `torch.save`'s "
+                                 f"{bench_ratio(TTFT_15, 8207, 'torch_save')}; at 16,393 tokens "
+                                 f"{bench_ratio(TTFT_15, 16393, 'stored')} ({r16['ttft_ms']['stored'] / 1e3:.2f} s against "
+                                 f"{r16['ttft_ms']['native'] / 1e3:,.2f} s, 28 minutes of native prefill), `torch.save`'s "
+                                 f"{bench_ratio(TTFT_15, 16393, 'torch_save')} and select's "
+                                 f"{r16['ratio_to_native']['select']:.3f}, from {bench_megabytes(TTFT_15, 16393)} of KV "
+                                 f"against {r16['torch_save']['bytes'] / 1e6:.1f} MB")(
+            _bench_row(TTFT_15, 8207), _bench_row(TTFT_15, 16393)),
+        lambda: f"load {bench_part(TTFT_15, 16393, 'load')}, place {bench_part(TTFT_15, 16393, 'place')}",
+        lambda: f"stored {bench_ratio('bench-qwen-xxh3.json', 4091, 'stored')} of native's first token and `torch.save` "
+                f"{bench_ratio('bench-qwen-xxh3.json', 4091, 'torch_save')}, with native's first token, from "
+                f"{bench_megabytes('bench-qwen-xxh3.json', 4091)} against "
+                f"{_bench_row('bench-qwen-xxh3.json', 4091)['torch_save']['bytes'] / 1e6:.1f} MB",
+        lambda: (lambda rows: "at " + ", at ".join(
+            f"{r['context_tokens']:,}{' context tokens' if i == 0 else ''} {r['median_s']['enable_gqa']:.2f} s against {r['median_s']['repeat_kv']:.2f} s "
+            f"({r['ratio']:.3f}x)" for i, r in enumerate(rows)) if all(r["max_logit_difference"] == 0 for r in rows) else "logits differ")(
+            json.loads((RESULTS / "gqa-prefill-qwen-1.5b.json").read_text())["rows"]),
         lambda: (lambda d: f"the first question took {d['first']['ttft_ms'] / 1e3:.2f} s to its first token (load "
                            f"{d['first']['load_ms']:.0f} ms, place {d['first']['place_ms']:.0f} ms, the question's prefill "
                            f"{d['first']['prefill_ms']:,.0f} ms); the three repeated ones "

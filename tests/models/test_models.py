@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,41 @@ def test_the_optional_model_names_its_own_setup_command(monkeypatch):
         models._part_paths(spec)
     requirements = (Path(__file__).parents[2] / "requirements-qwen-1.5b.txt").read_text().split()
     assert [r.split("==")[0] for r in requirements if "==" in r] == list(spec.packages)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma"])
+def test_grouped_heads_attended_in_place_give_the_same_logits_and_are_the_cpu_default(fixture, request,
+                                                                                        monkeypatch):
+    """`cpu_gqa_attention`: a prefill after a cache (a mask given) attends the grouped KV heads without widening
+    them, to the same logits; `load_model` switches it on for the CPU unless the environment says otherwise."""
+    import torch
+    from transformers import DynamicCache
+
+    from cagkit.models.loading import cpu_gqa_attention
+
+    model = request.getfixturevalue(fixture).model
+    config = model.config.get_text_config()
+    assert config.num_key_value_heads < config.num_attention_heads  # grouped, so the switch matters
+    from transformers.integrations import sdpa_attention
+
+    widened = []
+    real = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda h, n: widened.append(n > 1) or real(h, n))
+    ids = torch.randint(5, 200, (1, 48), generator=torch.Generator().manual_seed(3))
+    logits, widens = {}, {}
+    for switch in ("0", "1"):
+        widened.clear()
+        monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", switch)
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids[:, :40], cache=cache, use_cache=True)
+            logits[switch] = model(input_ids=ids[:, 40:], cache=cache, use_cache=True).logits
+        widens[switch] = any(widened)
+    assert widens == {"0": True, "1": False}  # the switch decides whether the heads are widened
+    assert torch.allclose(logits["0"], logits["1"], atol=1e-5)
+    monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA")
+    cpu_gqa_attention()
+    assert os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] == "1"
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")  # a user's choice stands
+    cpu_gqa_attention()
+    assert os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] == "0"

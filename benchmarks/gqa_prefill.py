@@ -1,0 +1,89 @@
+"""A question's prefill over a placed context, with transformers' SDPA widening the grouped KV heads (`repeat_kv`,
+its default under a mask) and with the grouped heads attended in place (`enable_gqa`, which `load_model` switches
+on for the CPU: `cagkit.models.loading.cpu_gqa_attention`), side by side in one process, alternating.
+
+    python benchmarks/gqa_prefill.py [--model qwen-1.5b] [--tokens 4096,16384] [--question-tokens 30] [--repeats 3]
+        [--threads 1] [--out docs/results/gqa-prefill-<model>.json]
+
+The model is the real one (its MLP is most of a short prefill). The context is random keys and values of the
+model's cache shapes, so no store is read; each forward gets its own cache object over the same tensors (a prefill
+writes new tensors and leaves the placed ones as they are). Per context size: the median of `--repeats` forwards of
+`--question-tokens` tokens each way, after one warm-up each, and the largest difference between the two ways' last
+logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from cagkit.bench import write_results
+from cagkit.models.loading import load_model
+
+SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen-1.5b")
+    ap.add_argument("--tokens", default="4096,16384", help="context tokens, comma-separated")
+    ap.add_argument("--question-tokens", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lm = load_model(args.model, "cpu")
+    config = lm.model.config.get_text_config()
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    torch.manual_seed(0)
+    question = torch.randint(100, 1000, (1, args.question_tokens))
+    out = args.out or f"docs/results/gqa-prefill-{args.model}.json"
+    results = {"settings": {"model": args.model, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
+                            "question_tokens": args.question_tokens, "repeats": args.repeats,
+                            "threads": torch.get_num_threads()}, "rows": []}
+    for tokens in [int(t) for t in args.tokens.split(",")]:
+        placed = DynamicCache()
+        for layer in range(config.num_hidden_layers):
+            placed.update(torch.randn(1, kv_heads, tokens, dim), torch.randn(1, kv_heads, tokens, dim), layer)
+
+        def prefill(grouped: bool) -> tuple[float, torch.Tensor]:
+            os.environ[SWITCH] = "1" if grouped else "0"
+            cache = copy.copy(placed)
+            cache.layers = [copy.copy(layer) for layer in placed.layers]
+            started = time.perf_counter()
+            with torch.no_grad():
+                logits = lm.model(input_ids=question, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            return time.perf_counter() - started, logits
+
+        times = {"repeat_kv": [], "enable_gqa": []}
+        last = {}
+        for r in range(args.repeats + 1):  # round 0 warms up, dropped
+            for way in (("repeat_kv", "enable_gqa") if r % 2 else ("enable_gqa", "repeat_kv")):
+                seconds, last[way] = prefill(way == "enable_gqa")
+                if r:
+                    times[way].append(seconds)
+        median = {way: statistics.median(t) for way, t in times.items()}
+        row = {"context_tokens": tokens, "seconds": {w: [round(s, 4) for s in t] for w, t in times.items()},
+               "median_s": {w: round(m, 4) for w, m in median.items()},
+               "ratio": round(median["enable_gqa"] / median["repeat_kv"], 3),
+               "max_logit_difference": float((last["enable_gqa"] - last["repeat_kv"]).abs().max())}
+        results["rows"].append(row)
+        write_results(out, results, device=lm.device)
+        print(f"{tokens} context tokens: {args.question_tokens}-token prefill with repeat_kv "
+              f"{median['repeat_kv']:.2f} s, with enable_gqa {median['enable_gqa']:.2f} s ({row['ratio']:.3f}x), "
+              f"logits differ by at most {row['max_logit_difference']:.2e}", flush=True)
+    os.environ.pop(SWITCH, None)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
