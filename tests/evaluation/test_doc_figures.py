@@ -338,6 +338,13 @@ SENTENCES = {
                 f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
     ],
     "docs/speed.md": [
+        lambda: (lambda r: f"stored {bench_ratio('bench-gemma-16k.json', 16385, 'stored')} of native's first token "
+                           f"({r['ttft_ms']['stored'] / 1e3:.2f} s against {r['ttft_ms']['native'] / 1e3:.2f} s; load "
+                           f"{bench_part('bench-gemma-16k.json', 16385, 'load')}, place "
+                           f"{bench_part('bench-gemma-16k.json', 16385, 'place')}), "
+                           f"`torch.save` {bench_ratio('bench-gemma-16k.json', 16385, 'torch_save')} and select "
+                           f"{r['ratio_to_native']['select']:.3f}, with native's first token" if r["stored_equals_native"]
+                           else "not native's first token")(_bench_row("bench-gemma-16k.json", 16385)),
         lambda: (lambda r8, r16: f"At 8,207 tokens the stored first token took {bench_ratio(TTFT_15, 8207, 'stored')} of "
                                  f"native prefill's ({r8['ttft_ms']['stored'] / 1e3:.2f} s against "
                                  f"{r8['ttft_ms']['native'] / 1e3:.2f} s) and `torch.save`'s "
