@@ -340,6 +340,16 @@ SENTENCES = {
                 f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
     ],
     "docs/speed.md": [
+        lambda: (lambda r: f"stored {bench_ratio('bench-qwen-1.5b-4k.json', 4091, 'stored')} of native's first token "
+                           f"({r['ttft_ms']['stored'] / 1e3:.2f} s against {r['ttft_ms']['native'] / 1e3:.2f} s), "
+                           f"`torch.save` {bench_ratio('bench-qwen-1.5b-4k.json', 4091, 'torch_save')}, select "
+                           f"{r['ratio_to_native']['select']:.3f}, with native's first token" if r["stored_equals_native"]
+                           else "not native's")(_bench_row("bench-qwen-1.5b-4k.json", 4091)),
+        lambda: (lambda rs: f"{min(x['load_ms'] for x in rs):.0f} to {max(x['load_ms'] for x in rs):.0f} ms and its placing "
+                            f"{min(x['place_ms'] for x in rs):.0f} to {max(x['place_ms'] for x in rs):.0f} ms, "
+                            f"{min((x['load_ms'] + x['place_ms']) / x['ttft_ms'] for x in rs):.1%} to "
+                            f"{max((x['load_ms'] + x['place_ms']) / x['ttft_ms'] for x in rs):.1%} of its first token")(
+            [x["stored"] for x in _bench_row("bench-qwen-1.5b-4k.json", 4091)["rounds"] if not x["warm_up"]]),
         lambda: (lambda r: f"stored {bench_ratio('bench-gemma-16k.json', 16385, 'stored')} of native's first token "
                            f"({r['ttft_ms']['stored'] / 1e3:.2f} s against {r['ttft_ms']['native'] / 1e3:.2f} s; load "
                            f"{bench_part('bench-gemma-16k.json', 16385, 'load')}, place "
