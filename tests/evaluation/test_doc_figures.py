@@ -281,6 +281,10 @@ SENTENCES = {
                 f"native over the top-4 chunks (`native@chunks`) {quality(STORIES_GEMMA, 'native@chunks')}, no context "
                 f"{quality(STORIES_GEMMA, 'none')} (stored − select "
                 f"{difference(STORIES_GEMMA, 'stored', 'select@chunks', 'commas')})",
+        lambda: f"scored {quality(DOC_GEMMA_MORE, 'native@chunks')}: within noise of select "
+                f"({difference(DOC_GEMMA_MORE, 'native@chunks', 'select@chunks', 'commas')}) and above the whole article from "
+                f"the store (stored − native@chunks {difference(DOC_GEMMA_MORE, 'stored', 'native@chunks', 'commas')}), at "
+                f"{times(DOC_GEMMA_MORE, 'native@chunks', 'select@chunks')} times select's first-token time",
         lambda: f"gemma {quality(JOINED_GEMMA, 'native@chunks')} (against native "
                 f"{difference(JOINED_GEMMA, 'native@chunks', 'native', 'commas')}), qwen "
                 f"{quality(JOINED_QWEN, 'native@chunks')} ({difference(JOINED_QWEN, 'native@chunks', 'native', 'commas')})",
