@@ -285,6 +285,9 @@ SENTENCES = {
                 f"({difference(DOC_GEMMA_MORE, 'native@chunks', 'select@chunks', 'commas')}) and above the whole article from "
                 f"the store (stored − native@chunks {difference(DOC_GEMMA_MORE, 'stored', 'native@chunks', 'commas')}), at "
                 f"{times(DOC_GEMMA_MORE, 'native@chunks', 'select@chunks')} times select's first-token time",
+        lambda: f"native over the top-4 chunks (`native@chunks`, added later over the same questions) "
+                f"{quality(STORIES, 'native@chunks')} as well (stored − native@chunks "
+                f"{difference(STORIES, 'stored', 'native@chunks', 'commas')})",
         lambda: f"gemma {quality(JOINED_GEMMA, 'native@chunks')} (against native "
                 f"{difference(JOINED_GEMMA, 'native@chunks', 'native', 'commas')}), qwen "
                 f"{quality(JOINED_QWEN, 'native@chunks')} ({difference(JOINED_QWEN, 'native@chunks', 'native', 'commas')})",
