@@ -9,8 +9,9 @@ chunks alone). The key names the model, the store, the stored chunks by id (a re
 ids, so a stale entry is never found, only aged out), the mode and the placement. Each question gets its own
 cache object sharing the kept tensors (`_share`): a question's prefill and decoding extend a `DynamicCache` by
 concatenating into new tensors and rebinding its layers' attributes, never writing into the tensors it holds, so
-the kept context stays as placed without a copy of its bytes per question (a test extends one and compares). Entries are evicted least recently used first once their tensors
-pass `max_bytes`; a context larger than that is not kept.
+the kept context stays as placed without a copy of its bytes per question (a test extends one and compares).
+Entries are evicted least recently used first once their tensors pass `max_bytes`; a context larger than that is
+not kept.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class WarmCaches:
 
     def put(self, key: tuple, entry: WarmContext) -> DynamicCache:
         """Keep `entry` (unless it alone is over the bound), evicting the least recently used past `max_bytes`;
-        returns a cache for the caller's question, a copy when the entry was kept."""
+        returns a cache for the caller's question, sharing the entry's tensors when it was kept."""
         if not self.max_bytes or entry.nbytes > self.max_bytes:
             return entry.cache
         question_cache = _share(entry.cache)

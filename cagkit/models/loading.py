@@ -109,12 +109,11 @@ def cpu_gqa_attention() -> None:
 
     By default transformers widens a GQA model's keys and values to one copy per query head (`repeat_kv`) whenever
     an attention mask is given, which it is for every prefill after a cache: a question over a placed document.
-    That copy is most of the question's attention over a long context (for qwen-1.5b's 2 KV heads and 12 query
-    heads at 16k tokens, 280 ms against 85 ms a layer on one core, the same output to the bit), and PyTorch's
-    CPU kernels take the grouped heads as they are (`enable_gqa`). transformers reads the switch,
-    TRANSFORMERS_SDPA_FORCE_GQA, at every call; it is set for the process unless the environment sets it already
-    (its CUDA kernels would fall back to the slow path with a mask, so it is set only when a model loads on the
-    CPU). `benchmarks/gqa_prefill.py` times a question's prefill over a placed context with it and without."""
+    That copy is much of the question's prefill over a long context (`benchmarks/gqa_prefill.py` times both ways
+    side by side: docs/speed.md), and PyTorch's CPU kernels take the grouped heads as they are (`enable_gqa`), to
+    the same output. transformers reads the switch, TRANSFORMERS_SDPA_FORCE_GQA, at every call; it is set for the
+    process unless the environment sets it already (its CUDA kernels would fall back to the slow path with a mask,
+    so it is set only when a model loads on the CPU)."""
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
 
