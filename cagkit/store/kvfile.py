@@ -6,8 +6,8 @@ digest of their names, dtypes, shapes and bytes as stored, in name order, so it 
 reads and can be computed from the file alone (`chunk_checksums`) without PyTorch.
 
 The digest is XXH3-128, written `xxh3-128:<32 hex digits>`: it guards against damage (a bit flipped, a file cut
-short or overwritten), not against tampering, and it is computed at memory speed, where SHA-256 (about 0.7 GB/s on
-one core here) was most of a large document's load. A checksum without a prefix is the SHA-256 hex digest stores
+short or overwritten), not against tampering, and it is computed at memory speed, where SHA-256 was most of a
+large document's load (docs/speed.md). A checksum without a prefix is the SHA-256 hex digest stores
 written before recorded; it is checked as SHA-256, so those stores read and verify as they are.
 """
 
