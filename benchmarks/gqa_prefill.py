@@ -15,7 +15,6 @@ logits.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import time
@@ -24,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from cagkit.bench import write_results
+from cagkit.kv.warm import share_cache
 from cagkit.models.loading import load_model
 
 SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"
@@ -41,9 +41,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     lm = load_model(args.model, "cpu")
-    config = lm.model.config.get_text_config()
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    heads, kv_heads, dim = lm.config.num_attention_heads, lm.num_kv_heads, lm.head_dim
     torch.manual_seed(0)
     question = torch.randint(100, 1000, (1, args.question_tokens))
     out = args.out or f"docs/results/gqa-prefill-{args.model}.json"
@@ -52,13 +50,12 @@ def main() -> None:
                             "threads": torch.get_num_threads()}, "rows": []}
     for tokens in [int(t) for t in args.tokens.split(",")]:
         placed = DynamicCache()
-        for layer in range(config.num_hidden_layers):
+        for layer in range(lm.num_layers):
             placed.update(torch.randn(1, kv_heads, tokens, dim), torch.randn(1, kv_heads, tokens, dim), layer)
 
         def prefill(grouped: bool) -> tuple[float, torch.Tensor]:
             os.environ[SWITCH] = "1" if grouped else "0"
-            cache = copy.copy(placed)
-            cache.layers = [copy.copy(layer) for layer in placed.layers]
+            cache = share_cache(placed)
             started = time.perf_counter()
             with torch.no_grad():
                 logits = lm.model(input_ids=question, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]

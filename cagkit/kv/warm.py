@@ -7,7 +7,7 @@ not depend on the question as long as the placement recomputes nothing chosen by
 placed with `blend` 0 are kept (the default at document scope; translation and `recompute_layers` depend on the
 chunks alone). The key names the model, the store, the stored chunks by id (a replaced document's chunks get new
 ids, so a stale entry is never found, only aged out), the mode and the placement. Each question gets its own
-cache object sharing the kept tensors (`_share`): a question's prefill and decoding extend a `DynamicCache` by
+cache object sharing the kept tensors (`share_cache`): a question's prefill and decoding extend a `DynamicCache` by
 concatenating into new tensors and rebinding its layers' attributes, never writing into the tensors it holds, so
 the kept context stays as placed without a copy of its bytes per question (a test extends one and compares).
 Entries are evicted least recently used first once their tensors pass `max_bytes`; a context larger than that is
@@ -64,7 +64,7 @@ class WarmCaches:
                 return None
             self._entries.move_to_end(key)
             self.hits += 1
-        return entry, _share(entry.cache)
+        return entry, share_cache(entry.cache)
 
     def drop_model(self, name: str) -> int:
         """Forget every context kept for the model `name` (the first part of each key), as when it is unloaded;
@@ -80,7 +80,7 @@ class WarmCaches:
         returns a cache for the caller's question, sharing the entry's tensors when it was kept."""
         if not self.max_bytes or entry.nbytes > self.max_bytes:
             return entry.cache
-        question_cache = _share(entry.cache)
+        question_cache = share_cache(entry.cache)
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)
@@ -91,8 +91,9 @@ class WarmCaches:
         return question_cache
 
 
-def _share(cache: DynamicCache) -> DynamicCache:
-    """A cache for one question: a new `DynamicCache` and new layer objects over the same tensors."""
+def share_cache(cache: DynamicCache) -> DynamicCache:
+    """A cache for one question: a new `DynamicCache` and new layer objects over the same tensors (a prefill into
+    it rebinds its own layers' tensors and leaves `cache`'s as they are)."""
     shared = copy.copy(cache)
     shared.layers = [copy.copy(layer) for layer in cache.layers]
     return shared
