@@ -79,13 +79,20 @@ def _bench_row(page: str, tokens: int) -> dict:
     return next(r for r in json.loads((RESULTS / page).read_text())["rows"] if r["document_tokens"] == tokens)
 
 
-def bench_ratio(page: str, tokens: int, method: str) -> str:
+def bench_ratio(page: str, tokens: int, method: str, digits: int = 4) -> str:
     """A `cagkit bench` results file's median first token of `method` over native's, at the size of `tokens`."""
-    return f"{_bench_row(page, tokens)['ratio_to_native'][method]:.4f}"
+    return f"{_bench_row(page, tokens)['ratio_to_native'][method]:.{digits}f}"
 
 
-def bench_megabytes(page: str, tokens: int) -> str:
-    return f"{_bench_row(page, tokens)['store_kv_bytes'] / 1e6:.1f} MB"
+def bench_megabytes(page: str, tokens: int, of: str = "store") -> str:
+    """The document's KV on disk in a `cagkit bench` file: the store's, or (`of="torch_save"`) the saved cache's."""
+    row = _bench_row(page, tokens)
+    return f"{(row['store_kv_bytes'] if of == 'store' else row['torch_save']['bytes']) / 1e6:.1f} MB"
+
+
+def bench_seconds(page: str, tokens: int, method: str, fmt: str = ".2f") -> str:
+    """A method's median first token in a `cagkit bench` file, in seconds: `3.65`."""
+    return f"{_bench_row(page, tokens)['ttft_ms'][method] / 1e3:{fmt}}"
 
 
 def bytes_per_token(store: str) -> str:
@@ -174,8 +181,8 @@ TRANSLATED_15_R2 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r2.json"
 TRANSLATED_15_R14 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r14.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
 JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
-DOC_QWEN_15_INT8 = "document-caches/squad_v2-qwen-1.5b-doc-int8.json"
-TTFT_15 = "document-ttft-qwen-1.5b.json"  # `cagkit bench` of qwen-1.5b, 512 to 16k tokens  # an int8 copy of qwen-1.5b's SQuAD store
+DOC_QWEN_15_INT8 = "document-caches/squad_v2-qwen-1.5b-doc-int8.json"  # an int8 copy of qwen-1.5b's SQuAD store
+TTFT_15 = "document-ttft-qwen-1.5b.json"  # `cagkit bench` of qwen-1.5b, 512 to 16k tokens
 
 SENTENCES = {
     "README.md": [
@@ -347,38 +354,39 @@ SENTENCES = {
                 f"qwen-1.5b and {ratio(DOC_QWEN_MORE, 'stored', 'select@chunks')} with qwen",
     ],
     "docs/speed.md": [
-        lambda: (lambda r: f"stored {bench_ratio('bench-qwen-1.5b-4k.json', 4091, 'stored')} of native's first token "
-                           f"({r['ttft_ms']['stored'] / 1e3:.2f} s against {r['ttft_ms']['native'] / 1e3:.2f} s), "
-                           f"`torch.save` {bench_ratio('bench-qwen-1.5b-4k.json', 4091, 'torch_save')}, select "
-                           f"{r['ratio_to_native']['select']:.3f}, with native's first token" if r["stored_equals_native"]
-                           else "not native's")(_bench_row("bench-qwen-1.5b-4k.json", 4091)),
+        lambda: f"stored {bench_ratio('bench-qwen-1.5b-4k.json', 4091, 'stored')} of native's first token "
+                f"({bench_seconds('bench-qwen-1.5b-4k.json', 4091, 'stored')} s against "
+                f"{bench_seconds('bench-qwen-1.5b-4k.json', 4091, 'native')} s), "
+                f"`torch.save` {bench_ratio('bench-qwen-1.5b-4k.json', 4091, 'torch_save')}, select "
+                f"{bench_ratio('bench-qwen-1.5b-4k.json', 4091, 'select', 3)}, with native's first token"
+                if bench_same("bench-qwen-1.5b-4k.json", 4091) else "not native's",
         lambda: (lambda rs: f"{min(x['load_ms'] for x in rs):.0f} to {max(x['load_ms'] for x in rs):.0f} ms and its placing "
                             f"{min(x['place_ms'] for x in rs):.0f} to {max(x['place_ms'] for x in rs):.0f} ms, "
                             f"{min((x['load_ms'] + x['place_ms']) / x['ttft_ms'] for x in rs):.1%} to "
                             f"{max((x['load_ms'] + x['place_ms']) / x['ttft_ms'] for x in rs):.1%} of its first token")(
             [x["stored"] for x in _bench_row("bench-qwen-1.5b-4k.json", 4091)["rounds"] if not x["warm_up"]]),
-        lambda: (lambda r: f"stored {bench_ratio('bench-gemma-16k.json', 16385, 'stored')} of native's first token "
-                           f"({r['ttft_ms']['stored'] / 1e3:.2f} s against {r['ttft_ms']['native'] / 1e3:.2f} s; load "
-                           f"{bench_part('bench-gemma-16k.json', 16385, 'load')}, place "
-                           f"{bench_part('bench-gemma-16k.json', 16385, 'place')}), "
-                           f"`torch.save` {bench_ratio('bench-gemma-16k.json', 16385, 'torch_save')} and select "
-                           f"{r['ratio_to_native']['select']:.3f}, with native's first token" if r["stored_equals_native"]
-                           else "not native's first token")(_bench_row("bench-gemma-16k.json", 16385)),
-        lambda: (lambda r8, r16: f"At 8,207 tokens the stored first token took {bench_ratio(TTFT_15, 8207, 'stored')} of "
-                                 f"native prefill's ({r8['ttft_ms']['stored'] / 1e3:.2f} s against "
-                                 f"{r8['ttft_ms']['native'] / 1e3:.2f} s) and `torch.save`'s "
-                                 f"{bench_ratio(TTFT_15, 8207, 'torch_save')}; at 16,393 tokens "
-                                 f"{bench_ratio(TTFT_15, 16393, 'stored')} ({r16['ttft_ms']['stored'] / 1e3:.2f} s against "
-                                 f"{r16['ttft_ms']['native'] / 1e3:,.2f} s, 28 minutes of native prefill), `torch.save`'s "
-                                 f"{bench_ratio(TTFT_15, 16393, 'torch_save')} and select's "
-                                 f"{r16['ratio_to_native']['select']:.3f}, from {bench_megabytes(TTFT_15, 16393)} of KV "
-                                 f"against {r16['torch_save']['bytes'] / 1e6:.1f} MB")(
-            _bench_row(TTFT_15, 8207), _bench_row(TTFT_15, 16393)),
+        lambda: f"stored {bench_ratio('bench-gemma-16k.json', 16385, 'stored')} of native's first token "
+                f"({bench_seconds('bench-gemma-16k.json', 16385, 'stored')} s against "
+                f"{bench_seconds('bench-gemma-16k.json', 16385, 'native')} s; load "
+                f"{bench_part('bench-gemma-16k.json', 16385, 'load')}, place "
+                f"{bench_part('bench-gemma-16k.json', 16385, 'place')}), "
+                f"`torch.save` {bench_ratio('bench-gemma-16k.json', 16385, 'torch_save')} and select "
+                f"{bench_ratio('bench-gemma-16k.json', 16385, 'select', 3)}, with native's first token"
+                if bench_same("bench-gemma-16k.json", 16385) else "not native's first token",
+        lambda: f"At 8,207 tokens the stored first token took {bench_ratio(TTFT_15, 8207, 'stored')} of "
+                f"native prefill's ({bench_seconds(TTFT_15, 8207, 'stored')} s against "
+                f"{bench_seconds(TTFT_15, 8207, 'native')} s) and `torch.save`'s "
+                f"{bench_ratio(TTFT_15, 8207, 'torch_save')}; at 16,393 tokens "
+                f"{bench_ratio(TTFT_15, 16393, 'stored')} ({bench_seconds(TTFT_15, 16393, 'stored')} s "
+                f"against {bench_seconds(TTFT_15, 16393, 'native', ',.2f')} s, 28 minutes of native "
+                f"prefill), `torch.save`'s {bench_ratio(TTFT_15, 16393, 'torch_save')} and select's "
+                f"{bench_ratio(TTFT_15, 16393, 'select', 3)}, from {bench_megabytes(TTFT_15, 16393)} of KV "
+                f"against {bench_megabytes(TTFT_15, 16393, of='torch_save')}",
         lambda: f"load {bench_part(TTFT_15, 16393, 'load')}, place {bench_part(TTFT_15, 16393, 'place')}",
         lambda: f"stored {bench_ratio('bench-qwen-xxh3.json', 4091, 'stored')} of native's first token and `torch.save` "
                 f"{bench_ratio('bench-qwen-xxh3.json', 4091, 'torch_save')}, with native's first token, from "
                 f"{bench_megabytes('bench-qwen-xxh3.json', 4091)} against "
-                f"{_bench_row('bench-qwen-xxh3.json', 4091)['torch_save']['bytes'] / 1e6:.1f} MB",
+                f"{bench_megabytes('bench-qwen-xxh3.json', 4091, of='torch_save')}",
         lambda: (lambda rows: "at " + ", at ".join(
             f"{r['context_tokens']:,}{' context tokens' if i == 0 else ''} {r['median_s']['enable_gqa']:.2f} s against {r['median_s']['repeat_kv']:.2f} s "
             f"({r['ratio']:.3f}x)" for i, r in enumerate(rows)) if all(r["max_logit_difference"] == 0 for r in rows) else "logits differ")(
