@@ -3,13 +3,15 @@ answer's first token pays before the question's prefill, by the store's KV dtype
 copies made by `cagkit store migrate --dtype`). No weights are loaded: placing needs only the target's rotary
 tables and cache shapes, so the model is built from its config with a tiny MLP and vocabulary.
 
-    python benchmarks/load_place.py --model qwen-1.5b --stores A,B,C [--document PATH] [--repeats 5] [--threads 2]
-        [--out results/load-place-qwen-1.5b.json]
+    python benchmarks/load_place.py --model qwen-1.5b --stores A,B,C [--document PATH] [--reads mmap,copy]
+        [--repeats 5] [--threads 2] [--out results/load-place-qwen-1.5b.json]
 
 Each round loads the document's chunks (`Store.load_chunks`: read, checksum, and for int8/int4 dequantize) and
 places them after the prompt prefix (`place_chunks`: RoPE at their positions, into the cache's tensors), for each
 store in turn; the first round warms the page cache and is left out of the medians. The placed caches are
-compared with the first store's, so a copy whose KV differs beyond its dtype's rounding shows up.
+compared with the first store's, so a copy whose KV differs beyond its dtype's rounding shows up. `--reads`
+times each store's load both ways a local KV file can be read (`cagkit.store.kvfile.MEMORY_MAP`): its chunks as
+views of the file memory-mapped (`mmap`, what cagkit does) or copied into new buffers (`copy`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.place import place_chunks
 from cagkit.kv.rope import RotaryTables
 from cagkit.models.registry import resolve
+from cagkit.store import kvfile
 from cagkit.store.store import Store
 
 PREFIX_TOKENS = 20  # about a chat template's prompt prefix
@@ -61,8 +64,13 @@ def main() -> None:
     ap.add_argument("--stores", required=True, help="comma-separated stores holding the same document")
     ap.add_argument("--document", default=None, help="its path or file name in the first store, found by content "
                     "in the others (default: the first store's first document)")
+    ap.add_argument("--reads", default="mmap", help="comma-separated ways to read a local KV file, each timed for "
+                    "every store: mmap (views of the file memory-mapped, cagkit's way), copy (into new buffers)")
     common_options(ap, repeats=5)
     args = ap.parse_args()
+    reads = args.reads.split(",")
+    if not reads or set(reads) - {"mmap", "copy"}:
+        raise SystemExit(f"--reads {args.reads}: give mmap, copy or both, comma-separated")
     model, config, tables, heads, dim = shape_only_target(args)
     prefix = [(torch.randn(1, heads, PREFIX_TOKENS, dim), torch.randn(1, heads, PREFIX_TOKENS, dim))
               for _ in range(config.num_hidden_layers)]
@@ -78,11 +86,16 @@ def main() -> None:
         if same is None:
             raise SystemExit(f"{name} does not hold {document} (sha256 {first.sha256[:12]}); give stores of the same text")
         ids.append(store.chunk_ids(same.path))
-    rows = [{"store": s, "dtype": store.settings.dtype, "chunks": len(i), "load_ms": [], "place_ms": []}
-            for s, store, i in zip(args.stores.split(","), stores, ids)]
+    rows, runs = [], []
+    for s, store, i in zip(args.stores.split(","), stores, ids):
+        for read in reads:
+            rows.append({"store": s, "dtype": store.settings.dtype, "read": read, "chunks": len(i), "load_ms": [],
+                         "place_ms": []})
+            runs.append((store, i))
     reference = None
     for round_ in range(args.repeats + 1):
-        for row, store, chunk_ids in zip(rows, stores, ids):
+        for row, (store, chunk_ids) in zip(rows, runs):
+            kvfile.MEMORY_MAP = row["read"] == "mmap"
             started = time.perf_counter()
             chunks = store.load_chunks(chunk_ids)
             loaded = time.perf_counter()
@@ -110,7 +123,7 @@ def main() -> None:
             row[part] = [round(x, 1) for x in row[part]]
         row["load_place_ms_median"] = round(statistics.median(
             [a + b for a, b in zip(row["load_ms"], row["place_ms"])]), 1)
-        print(f"{row['dtype']:>8} {row['tokens']} tokens: load {row['load_ms_median']} ms, place "
+        print(f"{row['dtype']:>8} {row['read']:>4} {row['tokens']} tokens: load {row['load_ms_median']} ms, place "
               f"{row['place_ms_median']} ms, together {row['load_place_ms_median']} ms "
               f"(max key error vs {rows[0]['dtype']} {row['max_key_error_vs_first']:.3g})", flush=True)
     if args.out:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
+import os
 import struct
 from pathlib import Path
 
@@ -25,6 +27,10 @@ _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16":
 _MAX_HEADER = 100 << 20
 _REMOTE_HEAD = 64 << 10  # bytes fetched at once for a remote file's header
 CHECKSUM = "xxh3-128"  # what new checksums are; `_digest`
+# a local file's chunks are read as views of the file memory-mapped, not copied into new buffers, which loaded
+# more slowly (benchmarks/load_place.py --reads mmap,copy; docs/speed.md)
+MEMORY_MAP = True
+Buffer = bytearray | memoryview  # a tensor's bytes as read
 
 
 def _digest(like: str | None = None):
@@ -124,7 +130,7 @@ class KVFile:
         prefix = f"{idx}."
         return sorted(n for n in self.tensors if n.startswith(prefix))
 
-    def read_chunk(self, idx: int, like: str | None = None) -> tuple[dict[str, tuple[str, list[int], bytearray]], str]:
+    def read_chunk(self, idx: int, like: str | None = None) -> tuple[dict[str, tuple[str, list[int], Buffer]], str]:
         """Chunk `idx`'s tensors as `{name: (dtype, shape, bytes)}` and their checksum, computed as the recorded
         checksum `like` was (`_digest`)."""
         result = self.read_chunks([idx], {idx: like})[idx]
@@ -133,7 +139,7 @@ class KVFile:
         return result
 
     def read_chunks(self, indices, like: dict[int, str | None] | None = None
-                    ) -> dict[int, tuple[dict[str, tuple[str, list[int], bytearray]], str] | DamagedFile]:
+                    ) -> dict[int, tuple[dict[str, tuple[str, list[int], Buffer]], str] | DamagedFile]:
         """`read_chunk` of each chunk of `indices`, their tensors fetched in one read (on object storage, one
         batch of range requests): per chunk its tensors and checksum (computed as `like[idx]`, the checksum
         recorded for it, was; new checksums where none is given), or the `DamagedFile` that says why not.
@@ -160,9 +166,12 @@ class KVFile:
                 out[idx] = (tensors, digest.hexdigest())
         return out
 
-    def _read(self, spans: list[tuple[int, int]]) -> list[bytearray]:
-        """The bytes of each (begin, end) of the data section. A remote file's spans are merged where they touch
+    def _read(self, spans: list[tuple[int, int]]) -> list[Buffer]:
+        """The bytes of each (begin, end) of the data section: views of a local file memory-mapped (`_mapped`; where
+        `MEMORY_MAP` is set), else read into new buffers. A remote file's spans are merged where they touch
         and fetched in one concurrent batch of range requests."""
+        if self.fs is None and self._data is None and MEMORY_MAP:
+            return self._mapped(spans)
         if self.fs is None:
             bufs = []
             with self._open() as f:
@@ -190,6 +199,17 @@ class KVFile:
             bufs.append(bytearray(fetched[at][begin - b:end - b]))
         return bufs
 
+    def _mapped(self, spans: list[tuple[int, int]]) -> list[memoryview]:
+        """The bytes of each span as views of the file memory-mapped copy-on-write: the page cache's own pages,
+        not a copy of them, and writable for `to_torch` without a write ever reaching the file. The map lives
+        while a view or a tensor over one does. A span past the end of a file cut short since its header was
+        read comes back short, as `read_chunks` expects."""
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
+        view = memoryview(mapped)
+        return [view[min(self.data_start + begin, size):min(self.data_start + end, size)] for begin, end in spans]
+
     def checksum(self, idx: int, like: str | None = None) -> str:
         """Chunk `idx`'s checksum as it is now: computed as `like` (a recorded checksum) was, else a new one."""
         return self.read_chunk(idx, like)[1]
@@ -200,7 +220,7 @@ def _update(digest, name: str, dtype: str, shape: list[int], data) -> None:
     digest.update(data)
 
 
-def to_torch(dtype: str, shape: list[int], data: bytearray):
+def to_torch(dtype: str, shape: list[int], data: Buffer):
     """A tensor over `data` (no copy), as safetensors would load it."""
     import torch
 

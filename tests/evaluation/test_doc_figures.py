@@ -101,10 +101,19 @@ def bytes_per_token(store: str) -> str:
     return f"{info['kv_bytes_per_token']:,.0f}"
 
 
+MMAP = "load-place-qwen-1.5b-mmap.json"
+
+
 def load_place(page: str, store: str) -> str:
     """A `benchmarks/load_place.py` file's median load-plus-place time of the store whose path ends in `store`."""
     rows = json.loads((RESULTS / page).read_text())["rows"]
     return f"{next(r for r in rows if r['store'].endswith(store))['load_place_ms_median']:.0f} ms"
+
+
+def load_place_read(page: str, read: str, part: str) -> str:
+    """A `benchmarks/load_place.py --reads` file's median `part` (load, place or load_place) time of one read."""
+    rows = json.loads((RESULTS / page).read_text())["rows"]
+    return f"{next(r for r in rows if r['read'] == read)[part + '_ms_median']:.0f} ms"
 
 
 def bench_part(page: str, tokens: int, part: str) -> str:
@@ -450,6 +459,9 @@ SENTENCES = {
                 f"{load_place('load-place-qwen-1.5b.json', '-lance16')} from a LanceDB copy, int8 "
                 f"{load_place('load-place-qwen-1.5b.json', '-int8')} (a LanceDB copy) and int4 "
                 f"{load_place('load-place-qwen-1.5b.json', '-int4')}",
+        lambda: f"load {load_place_read(MMAP, 'mmap', 'load')} memory-mapped against "
+                f"{load_place_read(MMAP, 'copy', 'load')} copied, load and place together "
+                f"{load_place_read(MMAP, 'mmap', 'load_place')} against {load_place_read(MMAP, 'copy', 'load_place')}",
         lambda: f"all three SQLite stores, {load_place('load-place-qwen.json', '-qwen')[:-3]}, "
                 f"{load_place('load-place-qwen.json', '-int8')[:-3]} and {load_place('load-place-qwen.json', '-int4')}",
         lambda: f"{bytes_per_token('qwen-1.5b-int4')} bytes a token against {bytes_per_token('qwen-1.5b')} (0.28x); "

@@ -557,3 +557,33 @@ def test_chunk_checksums_are_xxh3_and_a_store_with_sha256_checksums_reads_and_ve
     capsys.readouterr()
     assert _cli("store", "verify", "--store", store) == 1
     assert f"damaged {y}" in capsys.readouterr().out
+
+
+def test_a_local_kv_file_is_read_memory_mapped_as_the_copying_read_gives_and_loaded_tensors_never_write_it(
+        tiny_llama, dup, tmp_path, monkeypatch):
+    from cagkit.store import kvfile
+    from cagkit.store.store import DamagedChunkError
+
+    store = tmp_path / "s"
+    (dup / "y.txt").write_text(FERRY)
+    _ingest(dup, store)
+    y = str((dup / "y.txt").resolve())
+    with Store.open(store) as st:
+        ids = st.chunk_ids(y)
+        file = store / "kv" / st.kv_files(st.document(y))[0]
+        before = file.read_bytes()
+        mapped = st.load_chunks(ids)
+        assert all(isinstance(b, memoryview) for b in kvfile.KVFile(file)._read([(0, 8), (8, 16)]))
+        monkeypatch.setattr(kvfile, "MEMORY_MAP", False)
+        copied = st.load_chunks(ids)
+        assert all(isinstance(b, bytearray) for b in kvfile.KVFile(file)._read([(0, 8)]))
+        monkeypatch.setattr(kvfile, "MEMORY_MAP", True)
+        for a, b in zip(mapped, copied, strict=True):
+            assert a.token_ids == b.token_ids and torch.equal(a.kv.keys, b.kv.keys)
+            assert torch.equal(a.kv.values, b.kv.values)
+        mapped[0].kv.keys.fill_(7.0)  # a tensor over the map is writable; the file is not written
+        assert file.read_bytes() == before and not torch.equal(mapped[0].kv.keys, copied[0].kv.keys)
+        assert torch.equal(st.load_chunk(ids[0]).kv.keys, copied[0].kv.keys)
+        file.write_bytes(before[:-200])  # cut short after its header: the last chunk is damaged, not a crash
+        with pytest.raises(DamagedChunkError, match="damaged"):
+            st.load_chunk(ids[-1])
