@@ -5,6 +5,10 @@ target-native prefix into a cache shaped by the model's config.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import torch
 from transformers import DynamicCache
 
@@ -110,19 +114,85 @@ def copy_prefix(cache: DynamicCache, model, prefix_ids: list[int]) -> DynamicCac
 def shared_prefix(model, prefix_ids: list[int]) -> DynamicCache:
     """The prefix prefilled at positions 0..P-1 into a config-less cache (RoPE applied), computed once per model
     and prefix and shared by every caller (`prefix_cache`, the repair, `DocumentPrefill`): they copy from it and
-    never change it."""
+    never change it. A model loaded by `load_model` also keeps it on disk (`saved_prefix_path`), so a new process
+    (each `cagkit ask`) reads it instead of prefilling it before its first token."""
     if not prefix_ids:
         return DynamicCache()
     memo = model.__dict__.setdefault("_cagkit_prefix_kv", {})
     key = tuple(prefix_ids)
     if key not in memo:
-        built = DynamicCache()  # config-less: a prefix longer than a sliding window keeps every token
-        ids = torch.tensor([prefix_ids], dtype=torch.long, device=model_device(model))
-        decoder_stack(model)(input_ids=ids, cache=built, use_cache=True)
+        path = saved_prefix_path(model, prefix_ids)
+        built = _read_prefix(model, path, prefix_ids) if path is not None else None
+        if built is None:
+            built = DynamicCache()  # config-less: a prefix longer than a sliding window keeps every token
+            ids = torch.tensor([prefix_ids], dtype=torch.long, device=model_device(model))
+            decoder_stack(model)(input_ids=ids, cache=built, use_cache=True)
+            if path is not None:
+                _write_prefix(path, built, prefix_ids)
         if len(memo) >= 8:  # a few prompts' prefixes per model (one per chat template in practice)
             memo.pop(next(iter(memo)))
         memo[key] = built
     return memo[key]
+
+
+def saved_prefix_path(model, prefix_ids: list[int]) -> Path | None:
+    """Where the KV of `prefix_ids` prefilled by `model` is kept between processes:
+    `$CAGKIT_HOME/prefix-kv/<key>.safetensors`, the key a digest of everything the KV depends on (the weights'
+    fingerprint, dtype, device type, attention implementation, torch and transformers versions, the token ids), so
+    a file read back is the cache this process would compute. None for a model without a fingerprint (one not
+    loaded by `load_model`)."""
+    fingerprint = model.__dict__.get("_cagkit_fingerprint")
+    if not fingerprint:
+        return None
+    import transformers
+
+    from cagkit.models.registry import cagkit_home
+
+    parts = [fingerprint, str(next(model.parameters()).dtype), model_device(model).type,
+             str(getattr(model.config, "_attn_implementation", None)), torch.__version__, transformers.__version__,
+             [int(i) for i in prefix_ids]]
+    key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+    return cagkit_home() / "prefix-kv" / f"{key}.safetensors"
+
+
+def _read_prefix(model, path: Path, prefix_ids: list[int]) -> DynamicCache | None:
+    """The prefix cache kept at `path`, or None where there is none that holds every layer of these token ids
+    (missing, damaged, or written for others), so it is prefilled again."""
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path, device=str(model_device(model)))
+    except Exception:  # noqa: BLE001 - missing or unreadable: prefilled again and written anew
+        return None
+    layers = len(decoder_stack(model).layers)
+    ids = tensors.get("ids")
+    if ids is None or ids.tolist() != [int(i) for i in prefix_ids]:
+        return None
+    cache = DynamicCache()
+    for layer in range(layers):
+        keys, values = tensors.get(f"{layer}.keys"), tensors.get(f"{layer}.values")
+        if keys is None or values is None or keys.shape[-2] != len(prefix_ids) or values.shape[-2] != len(prefix_ids):
+            return None
+        cache.update(keys, values, layer)
+    return cache
+
+
+def _write_prefix(path: Path, cache: DynamicCache, prefix_ids: list[int]) -> None:
+    """Keep `cache` at `path` for later processes; where it cannot be written (a read-only home), it is not."""
+    from safetensors.torch import save_file
+
+    from cagkit.files import atomic_write
+
+    tensors = {"ids": torch.tensor(prefix_ids, dtype=torch.int64)}
+    for layer, held in enumerate(cache.layers):
+        tensors[f"{layer}.keys"] = held.keys.detach().contiguous().cpu()
+        tensors[f"{layer}.values"] = held.values.detach().contiguous().cpu()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as tmp:
+            save_file(tensors, tmp)
+    except OSError:
+        pass
 
 
 def sink_ids(lm: LoadedModel) -> list[int]:

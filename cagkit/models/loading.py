@@ -150,6 +150,7 @@ def load_model(name: str, device: str | None = None) -> LoadedModel:
         chat=spec.chat if spec else tokenizer.chat_template is not None,
         info=info,
     )
+    model.__dict__["_cagkit_fingerprint"] = loaded.fingerprint  # the key of its prompt prefix's KV kept on disk
     model.to(target)
     if target.type == "cpu":
         cpu_gqa_attention()

@@ -104,6 +104,12 @@ def bytes_per_token(store: str) -> str:
 MMAP = "load-place-qwen-1.5b-mmap.json"
 
 
+def cold_ask(row: str, part: str) -> str:
+    """A median of `benchmarks/cold_ask.py`'s file: `part` (place_ms, ttft_ms or ms) of `row`: `1,179 ms`."""
+    medians = json.loads((RESULTS / "cold-ask-qwen.json").read_text())["medians"]
+    return f"{medians[row][part]:,.0f} ms"
+
+
 def load_place(page: str, store: str) -> str:
     """A `benchmarks/load_place.py` file's median load-plus-place time of the store whose path ends in `store`."""
     rows = json.loads((RESULTS / page).read_text())["rows"]
@@ -459,6 +465,14 @@ SENTENCES = {
                 f"{load_place('load-place-qwen-1.5b.json', '-lance16')} from a LanceDB copy, int8 "
                 f"{load_place('load-place-qwen-1.5b.json', '-int8')} (a LanceDB copy) and int4 "
                 f"{load_place('load-place-qwen-1.5b.json', '-int4')}",
+        lambda: f"placing took {cold_ask('ask, prefix read', 'place_ms')} against "
+                f"{cold_ask('ask, prefix prefilled', 'place_ms')} prefilled, and the first token "
+                f"{cold_ask('ask, prefix read', 'ttft_ms')} against {cold_ask('ask, prefix prefilled', 'ttft_ms')}, "
+                f"with the same answer" if json.loads((RESULTS / "cold-ask-qwen.json").read_text())["same_answer"]
+                else "not the same answer",
+        lambda: f"(least cosine {json.loads((RESULTS / 'cold-ask-qwen.json').read_text())['embedder_least_cosine']:.7f})",
+        lambda: f"{cold_ask('embedder, cagkit', 'ms')} against {cold_ask('embedder, sentence-transformers', 'ms')} "
+                f"through sentence-transformers",
         lambda: f"load {load_place_read(MMAP, 'mmap', 'load')} memory-mapped against "
                 f"{load_place_read(MMAP, 'copy', 'load')} copied, load and place together "
                 f"{load_place_read(MMAP, 'mmap', 'load_place')} against {load_place_read(MMAP, 'copy', 'load_place')}",

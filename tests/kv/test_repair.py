@@ -135,3 +135,46 @@ def test_the_repair_prefills_the_prompt_prefix_once_per_model(smollm2_tokenizer)
     assert passes == [len(prefix) + context, len(prefix), context // 2, len(prefix) + context, context // 2]
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_a_loaded_models_prompt_prefix_kv_is_kept_on_disk_for_the_next_process(smollm2_tokenizer, tmp_path,
+                                                                                  monkeypatch):
+    """A model with a fingerprint (as `load_model` gives it) writes its prefix's KV under $CAGKIT_HOME once; a new
+    process (the memo emptied) reads it without a pass through the decoder, to the same tensors. A file that is
+    damaged or holds other token ids is prefilled again and rewritten; a model of other weights has its own."""
+    from cagkit.kv.prefill import saved_prefix_path, shared_prefix
+    from cagkit.models.architecture import decoder_stack
+
+    monkeypatch.setenv("CAGKIT_HOME", str(tmp_path))
+    model = make_tiny_llama(smollm2_tokenizer, layers=4)
+    prefix = smollm2_tokenizer("A prompt prefix before every context.")["input_ids"]
+    assert saved_prefix_path(model, prefix) is None  # no fingerprint: kept in this process only
+    model.__dict__["_cagkit_fingerprint"] = "weights-a"
+    path = saved_prefix_path(model, prefix)
+    assert path.parent == tmp_path / "prefix-kv" and not path.exists()
+    passes = []
+    hook = decoder_stack(model).register_forward_pre_hook(lambda *a, **k: passes.append(1), with_kwargs=True)
+    try:
+        computed = shared_prefix(model, prefix)
+        assert path.is_file() and len(passes) == 1
+        model.__dict__.pop("_cagkit_prefix_kv")  # a new process
+        read = shared_prefix(model, prefix)
+        assert len(passes) == 1 and read is not computed
+        for a, b in zip(computed.layers, read.layers, strict=True):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        path.write_bytes(path.read_bytes()[:100])  # damaged: prefilled again, and written whole again
+        model.__dict__.pop("_cagkit_prefix_kv")
+        again = shared_prefix(model, prefix)
+        assert len(passes) == 2 and torch.equal(again.layers[0].keys, computed.layers[0].keys)
+        assert torch.equal(shared_prefix(model, prefix).layers[-1].values, computed.layers[-1].values)
+        model.__dict__.pop("_cagkit_prefix_kv")
+        shared_prefix(model, prefix)
+        assert len(passes) == 2
+        other = saved_prefix_path(model, prefix[:-1])
+        other.write_bytes(path.read_bytes())  # the file of other token ids under this key: not used
+        shared_prefix(model, prefix[:-1])
+        assert len(passes) == 3
+        model.__dict__["_cagkit_fingerprint"] = "weights-b"
+        assert saved_prefix_path(model, prefix) != path
+    finally:
+        hook.remove()
