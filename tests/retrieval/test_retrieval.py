@@ -96,3 +96,19 @@ def test_a_document_filter_ranks_those_documents_as_a_store_of_their_own(example
         assert {h.score for h in whole if h.doc_path in commands} != {h.score for h in ranked}
         with pytest.raises(CagkitError, match="lexical retrieval needs the question's text"):
             st.search(np.zeros(384, np.float32), 2, retrieval="lexical")
+
+
+def test_the_embedder_gives_the_vectors_sentence_transformers_gives():
+    """cagkit runs all-MiniLM-L6-v2 with transformers alone; its vectors are those of the model's own
+    sentence-transformers pipeline (mean pooling, unit length, at most 256 tokens: a longer text is cut)."""
+    SentenceTransformer = pytest.importorskip("sentence_transformers").SentenceTransformer
+    from cagkit.retrieval.embeddings import _model_dir, embed
+
+    texts = ["The Orlimar lighthouse flashes green every nine seconds.", "x", "word " * 400,
+             "Tickets cost twelve euro. Bicycles travel free on weekdays.", ""]
+    reference = SentenceTransformer(str(_model_dir()), device="cpu", local_files_only=True).encode(
+        texts, batch_size=2, normalize_embeddings=True, show_progress_bar=False)
+    ours = embed(texts)
+    assert ours.shape == (5, 384) and ours.dtype == np.float32
+    assert np.abs(ours - reference).max() < 1e-5
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
