@@ -295,6 +295,10 @@ SENTENCES = {
         lambda: f"stored {quality(STORIES, 'stored')} accuracy, select {quality(STORIES, 'select@chunks')}, no context "
                 f"{quality(STORIES, 'none')}",
         lambda: f"(stored − select {difference(STORIES, 'stored', 'select@chunks', 'commas')})",
+        lambda: f"scored {quality(STORIES_15, 'native@chunks')}, as select did "
+                f"({difference(STORIES_15, 'native@chunks', 'select@chunks', 'commas')}); stored − native@chunks "
+                f"{difference(STORIES_15, 'stored', 'native@chunks')}, stored answering at "
+                f"{ratio(STORIES_15, 'stored', 'native@chunks')} of its first-token time",
         lambda: f"stored {quality(STORIES_15, 'stored')} accuracy, select {quality(STORIES_15, 'select@chunks')}, no context "
                 f"{quality(STORIES_15, 'none')} (stored − select {difference(STORIES_15, 'stored', 'select@chunks', 'commas')}; "
                 f"select − no context {difference(STORIES_15, 'select@chunks', 'none', 'commas')}). Stored answered at "
@@ -303,6 +307,10 @@ SENTENCES = {
                 f"native over the top-4 chunks (`native@chunks`) {quality(STORIES_GEMMA, 'native@chunks')}, no context "
                 f"{quality(STORIES_GEMMA, 'none')} (stored − select "
                 f"{difference(STORIES_GEMMA, 'stored', 'select@chunks', 'commas')})",
+        lambda: f"top-4 chunks scored {quality(DOC_QWEN_MORE, 'native@chunks')}: below select "
+                f"({difference(DOC_QWEN_MORE, 'native@chunks', 'select@chunks', 'commas')}) and above the whole article "
+                f"from the store (stored − native@chunks {difference(DOC_QWEN_MORE, 'stored', 'native@chunks', 'commas')}), "
+                f"at {times(DOC_QWEN_MORE, 'native@chunks', 'select@chunks')} times select's first-token time",
         lambda: f"scored {quality(DOC_GEMMA_MORE, 'native@chunks')}: within noise of select "
                 f"({difference(DOC_GEMMA_MORE, 'native@chunks', 'select@chunks', 'commas')}) and above the whole article from "
                 f"the store (stored − native@chunks {difference(DOC_GEMMA_MORE, 'stored', 'native@chunks', 'commas')}), at "
@@ -312,7 +320,13 @@ SENTENCES = {
                 f"{difference(STORIES, 'stored', 'native@chunks', 'commas')})",
         lambda: f"gemma {quality(JOINED_GEMMA, 'native@chunks')} (against native "
                 f"{difference(JOINED_GEMMA, 'native@chunks', 'native', 'commas')}), qwen "
-                f"{quality(JOINED_QWEN, 'native@chunks')} ({difference(JOINED_QWEN, 'native@chunks', 'native', 'commas')})",
+                f"{quality(JOINED_QWEN, 'native@chunks')} ({difference(JOINED_QWEN, 'native@chunks', 'native', 'commas')}), qwen-1.5b "
+                f"{quality(JOINED, 'native@chunks')} over its 100 questions "
+                f"({difference(JOINED, 'native@chunks', 'native', 'commas')})",
+        lambda: f"it scored {quality(DOC_QWEN_15, 'native@chunks')}: within noise of select "
+                f"({difference(DOC_QWEN_15, 'native@chunks', 'select@chunks', 'commas')}) and above the whole article from "
+                f"the store (stored − native@chunks {difference(DOC_QWEN_15, 'stored', 'native@chunks', 'commas')}), at "
+                f"{times(DOC_QWEN_15, 'native@chunks', 'select@chunks')} times select's first-token time",
         lambda: f"stored gave native's answer on {same_answers(STORIES_GEMMA, 'stored', 'native')} at "
                 f"{ratio(STORIES_GEMMA, 'stored', 'native')} of its first-token time",
         lambda: f"stored gave native's answer on {same_answers(STORIES_NATIVE, 'stored', 'native')} at "
