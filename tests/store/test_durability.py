@@ -37,6 +37,14 @@ def _cli(*argv) -> int:
     return main([*map(str, argv)])
 
 
+def _ferry_store(dup, tmp_path):
+    """A store of the `dup` folder with y.txt made two paragraphs (several chunks), and y.txt's path in it."""
+    store = tmp_path / "s"
+    (dup / "y.txt").write_text(FERRY)
+    _ingest(dup, store)
+    return store, str((dup / "y.txt").resolve())
+
+
 def _damage_tensor_bytes(file, offset_from_end: int = 64, count: int = 16) -> None:
     """Overwrite bytes of a KV file's tensor data, its header left intact (what the issue's probe did)."""
     data = bytearray(file.read_bytes())
@@ -218,10 +226,7 @@ def test_a_chunk_whose_file_a_writer_deleted_while_it_was_read_is_replaced_not_d
 def test_ask_answers_from_the_undamaged_chunks_and_names_the_skipped(tiny_llama, dup, tmp_path, capsys):
     from cagkit.ask import ask
 
-    store = tmp_path / "s"
-    (dup / "y.txt").write_text(FERRY)
-    _ingest(dup, store)
-    y = str((dup / "y.txt").resolve())
+    store, y = _ferry_store(dup, tmp_path)
     with Store.open(store) as st:
         _damage_tensor_bytes(store / "kv" / st.kv_files(st.document(y))[0])
     answer = ask("When does the ferry leave?", store=store, model="tiny-llama", top_k=3, max_new_tokens=2, mode="mot")
@@ -537,10 +542,7 @@ def test_chunk_checksums_are_xxh3_and_a_store_with_sha256_checksums_reads_and_ve
     from cagkit.store.kvfile import KVFile
     from cagkit.store.store import DamagedChunkError
 
-    store = tmp_path / "s"
-    (dup / "y.txt").write_text(FERRY)
-    _ingest(dup, store)
-    y = str((dup / "y.txt").resolve())
+    store, y = _ferry_store(dup, tmp_path)
     with sqlite3.connect(store / "manifest.sqlite") as db:
         rows = db.execute("SELECT id, kv_file, idx, checksum FROM chunks").fetchall()
         assert rows and all(c.startswith("xxh3-128:") and len(c) == len("xxh3-128:") + 32 for *_, c in rows)
@@ -564,10 +566,7 @@ def test_a_local_kv_file_is_read_memory_mapped_as_the_copying_read_gives_and_loa
     from cagkit.store import kvfile
     from cagkit.store.store import DamagedChunkError
 
-    store = tmp_path / "s"
-    (dup / "y.txt").write_text(FERRY)
-    _ingest(dup, store)
-    y = str((dup / "y.txt").resolve())
+    store, y = _ferry_store(dup, tmp_path)
     with Store.open(store) as st:
         ids = st.chunk_ids(y)
         file = store / "kv" / st.kv_files(st.document(y))[0]
