@@ -188,7 +188,7 @@ STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-cac
 STORIES_15 = "document-caches/quality-qwen-1.5b-doc.json"  # qwen-1.5b's own caches, all 94 questions of part a
 STORIES_GEMMA = "document-caches/quality-gemma-doc.json"  # gemma's own caches, all 94; native on the first 30
 JOINED_GEMMA = "document-caches/hotpotqa-gemma-doc.json"  # the same joins with gemma's own caches, 200 questions
-JOINED_QWEN = "document-caches/hotpotqa-qwen-doc.json"  # the same joins with qwen's own caches, 100 questions
+JOINED_QWEN = "document-caches/hotpotqa-qwen-doc.json"  # the same joins with qwen's own caches, 200 questions
 # qwen's store of the same paragraphs read by qwen-1.5b through a ridge translator fitted on 1k-token passages
 TRANSLATED_15 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc.json"
 # the same with qwen-1.5b prefilling its bottom 2 or 14 layers of each paragraph (--recompute-layers), 30 questions
@@ -251,7 +251,8 @@ SENTENCES = {
         lambda: f"native {quality(JOINED_QWEN, 'native')}, select {quality(JOINED_QWEN, 'select@chunks')}, no context "
                 f"{quality(JOINED_QWEN, 'none')}, the join as stored {quality(JOINED_QWEN, 'stored')} (stored − select "
                 f"{difference(JOINED_QWEN, 'stored', 'select@chunks', 'commas')}; native − select "
-                f"{difference(JOINED_QWEN, 'native', 'select@chunks', 'commas')}; the join gave native's answer on "
+                f"{difference(JOINED_QWEN, 'native', 'select@chunks', 'commas')}; stored − native "
+                f"{difference(JOINED_QWEN, 'stored', 'native', 'commas')}; the join gave native's answer on "
                 f"{same_answers(JOINED_QWEN, 'stored', 'native')}",
         lambda: f"The join answered at {ratio(JOINED_QWEN, 'stored', 'native')} of native's first-token time and "
                 f"{ratio(JOINED_QWEN, 'stored', 'select@chunks')} of select's",
