@@ -104,10 +104,14 @@ def bytes_per_token(store: str) -> str:
 MMAP = "load-place-qwen-1.5b-mmap.json"
 
 
+def _cold_ask() -> dict:
+    """`benchmarks/cold_ask.py`'s results file."""
+    return json.loads((RESULTS / "cold-ask-qwen.json").read_text())
+
+
 def cold_ask(row: str, part: str) -> str:
     """A median of `benchmarks/cold_ask.py`'s file: `part` (place_ms, ttft_ms or ms) of `row`: `1,179 ms`."""
-    medians = json.loads((RESULTS / "cold-ask-qwen.json").read_text())["medians"]
-    return f"{medians[row][part]:,.0f} ms"
+    return f"{_cold_ask()['medians'][row][part]:,.0f} ms"
 
 
 def load_place(page: str, store: str) -> str:
@@ -483,9 +487,9 @@ SENTENCES = {
         lambda: f"placing took {cold_ask('ask, prefix read', 'place_ms')} against "
                 f"{cold_ask('ask, prefix prefilled', 'place_ms')} prefilled, and the first token "
                 f"{cold_ask('ask, prefix read', 'ttft_ms')} against {cold_ask('ask, prefix prefilled', 'ttft_ms')}, "
-                f"with the same answer" if json.loads((RESULTS / "cold-ask-qwen.json").read_text())["same_answer"]
+                f"with the same answer" if _cold_ask()["same_answer"]
                 else "not the same answer",
-        lambda: f"(least cosine {json.loads((RESULTS / 'cold-ask-qwen.json').read_text())['embedder_least_cosine']:.7f})",
+        lambda: f"(least cosine {_cold_ask()['embedder_least_cosine']:.7f})",
         lambda: f"{cold_ask('embedder, cagkit', 'ms')} against {cold_ask('embedder, sentence-transformers', 'ms')} "
                 f"through sentence-transformers",
         lambda: f"load {load_place_read(MMAP, 'mmap', 'load')} memory-mapped against "
