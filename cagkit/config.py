@@ -26,7 +26,8 @@ RETRIEVAL_MODES = ("hybrid", "dense", "lexical")
 DEFAULT_RETRIEVAL = "hybrid"
 # cagkit.store: the dtypes stored KV may take, and their bytes per key or value; int8 and int4 are compressed
 # (cagkit.kv.quant: keys per channel over 64 tokens, values per token over 64 channels, with a float16 scale and
-# minimum per group: 4 bytes per 64 values)
+# minimum per group: 4 bytes per 64 values; int4 adds a second code to a few layers' keys, which
+# cagkit.kv.quant.bytes_per_value counts for a given model)
 KV_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1 + 4 / 64, "int4": 0.5 + 4 / 64}
 
 # most source tokens per stored chunk; 256 keeps a chunk, once translated, well inside Gemma 3's 512-token

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, help="most source tokens per chunk (default: %(default)s)")
     p.add_argument("--prune", action="store_true", help="drop stored documents whose files no longer exist")
     p.add_argument("--dtype", default="float16", choices=list(KV_DTYPES), help="stored KV dtype: float16, bfloat16, float32, or compressed, int8 (0.53x float16's "
-                   "bytes) or int4 (0.28x), keys per channel and values per token (default: %(default)s)")
+                   "bytes) or int4 (about 0.29x), keys per channel and values per token (default: %(default)s)")
     p.add_argument("--prefill", default=DEFAULT_PREFILL, choices=list(PREFILL_KINDS),
                    help="how the source reads a document: whole, causally from its start, each chunk's KV its slice "
                         "of the document's cache (document), or each chunk alone (chunks) (default: %(default)s)")

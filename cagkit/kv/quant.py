@@ -15,9 +15,19 @@ same safetensors file as the codes, under the chunk's own names, so the chunk's 
     {i}.values.min    float16, as values.scale
     {i}.quant         int32 [bits, key group, value group, key width, value width]
 
+int4 refines the keys of the `REFINED_KEY_LAYERS` layers whose int4 keys err most relative to their norm, chunk by
+chunk (where int4 changes the answers most; benchmarks/int4_keys.py): each of their keys gets a second 4-bit code
+for what the first left, in sixteen steps across the first code's step, so those layers' keys are read at about
+int8's precision while their int4 codes stay as they are (a reader that does not know the refinement reads plain
+int4):
+
+    {i}.keys.fine         uint8 [R, T, H, D/2] second codes of the refined layers, packed as keys
+    {i}.keys.fine_layers  int32 [R] which layers, in that order
+
 An odd head width is padded by one channel (a copy of the last) for int4's packing and cut back as it is read.
 
-With groups of 64 a value costs bits/8 + 4/64 bytes: int8 0.53x and int4 0.28x of float16's 2 bytes.
+With groups of 64 a value costs bits/8 + 4/64 bytes: int8 0.53x and int4 0.28x of float16's 2 bytes, and int4's
+refined keys add R/L of a half byte to every key (`bytes_per_value`: 0.29x for qwen's 24 layers).
 `dequantize` gives float32, the dtype the target's cache takes on CPU, in one pass as the KV is placed.
 """
 
@@ -28,6 +38,17 @@ import math
 QUANT_BITS = {"int8": 8, "int4": 4}  # the store's compressed KV dtypes
 KEY_GROUP = 64  # tokens per key scale (per channel)
 VALUE_GROUP = 64  # channels per value scale (per token); a head of another width gets one scale per head
+REFINED_KEY_LAYERS = 2  # int4: layers whose keys get a second code (the most in error)
+FINE_LEVELS = 15  # the second code's steps across the first's
+
+
+def bytes_per_value(dtype: str, layers: int) -> float:
+    """The bytes a key or value takes, on average, in the compressed `dtype` for a model of `layers` layers: codes,
+    and the float16 scale and minimum of each group of 64; int4 adds its refined layers' second key codes."""
+    size = QUANT_BITS[dtype] / 8 + 4 / 64
+    if dtype == "int4":
+        size += min(REFINED_KEY_LAYERS, layers) / layers * 0.5 / 2  # half a byte a key, none a value
+    return size
 
 
 def is_quantized(dtype: str) -> bool:
@@ -52,16 +73,36 @@ def quantize(keys, values, dtype: str) -> dict:
     if groups * KEY_GROUP != T:  # pad with the last token, which moves no group's minimum or maximum
         k = torch.cat([k, k[:, -1:].expand(L, groups * KEY_GROUP - T, H, D)], dim=1) if T else k
     k = k.reshape(L, groups, KEY_GROUP, H, D) if T else k.reshape(L, 0, KEY_GROUP, H, D)
-    k_codes, k_scale, k_min = _codes(k, dim=2, bits=bits)
-    k_codes = k_codes.reshape(L, groups * KEY_GROUP, H, D)[:, :T]
+    grouped_codes, k_scale, k_min = _codes(k, dim=2, bits=bits)
+    k_codes = grouped_codes.reshape(L, groups * KEY_GROUP, H, D)[:, :T]
     vd = values.shape[-1]
     vg = _value_group(vd)
     v = values.to(device="cpu", dtype=torch.float32).reshape(*values.shape[:-1], vd // vg, vg)
     v_codes, v_scale, v_min = _codes(v, dim=-1, bits=bits)
     v_codes = v_codes.reshape(values.shape)
-    return {"keys": _pack(k_codes, bits), "keys.scale": k_scale.squeeze(2), "keys.min": k_min.squeeze(2),
-            "values": _pack(v_codes, bits), "values.scale": v_scale.squeeze(-1), "values.min": v_min.squeeze(-1),
-            "quant": torch.tensor([bits, KEY_GROUP, vg, *widths], dtype=torch.int32)}
+    out = {"keys": _pack(k_codes, bits), "keys.scale": k_scale.squeeze(2), "keys.min": k_min.squeeze(2),
+           "values": _pack(v_codes, bits), "values.scale": v_scale.squeeze(-1), "values.min": v_min.squeeze(-1),
+           "quant": torch.tensor([bits, KEY_GROUP, vg, *widths], dtype=torch.int32)}
+    if bits == 4 and T and REFINED_KEY_LAYERS:
+        out.update(_refine(k, grouped_codes, k_scale, k_min, T))
+    return out
+
+
+def _refine(k, codes, scale, low, T: int) -> dict:
+    """The second key codes of the layers whose int4 keys (`codes` [L, G, group, H, D] of the grouped keys `k`,
+    decoding by `scale` and `low` [L, G, 1, H, D]) err most relative to their norm."""
+    import torch
+
+    step = scale.float()
+    left = k - (codes.float() * step + low.float())  # within half a step of 0, but where float16 rounded
+    real = slice(0, T)  # not the last group's padding
+    error = (left.flatten(1, 2)[:, real].flatten(1).norm(dim=1)
+             / k.flatten(1, 2)[:, real].flatten(1).norm(dim=1).clamp_min(1e-12))
+    layers = error.topk(min(REFINED_KEY_LAYERS, k.shape[0])).indices.sort().values
+    safe = torch.where(step > 0, step, torch.ones_like(step))[layers]
+    fine = ((left[layers] / safe + 0.5) * FINE_LEVELS).round_().clamp_(0, FINE_LEVELS).to(torch.uint8)
+    fine = fine.flatten(1, 2)[:, :T]
+    return {"keys.fine": _pack(fine, 4), "keys.fine_layers": layers.to(torch.int32)}
 
 
 def dequantize(t: dict) -> tuple:
@@ -78,6 +119,10 @@ def dequantize(t: dict) -> tuple:
         grouped.mul_(scale[:, :full]).add_(low[:, :full])
     if full * key_group < T:
         keys[:, full * key_group:].mul_(scale[:, full]).add_(low[:, full])
+    if "keys.fine" in t:  # the refined layers' second codes: what the first left, in FINE_LEVELS steps of its step
+        for fine, layer in zip(_unpack(t["keys.fine"], 4), t["keys.fine_layers"].tolist()):
+            step = scale[layer].squeeze(1).repeat_interleave(key_group, 0)[:T]  # [T, H, D]
+            keys[layer].add_(fine.float().div_(FINE_LEVELS).sub_(0.5).mul_(step))
     values = _unpack(t["values"], bits).float()
     grouped = values.unflatten(-1, (values.shape[-1] // value_group, value_group))
     grouped.mul_(t["values.scale"].float().unsqueeze(-1)).add_(t["values.min"].float().unsqueeze(-1))

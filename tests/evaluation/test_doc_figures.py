@@ -114,6 +114,13 @@ def cold_ask(row: str, part: str) -> str:
     return f"{_cold_ask()['medians'][row][part]:,.0f} ms"
 
 
+def join_temperature(scale: float) -> str:
+    """A row of `benchmarks/join_temperature.py`'s file: `18 of 30 (mean KL 0.600)`."""
+    rows = json.loads((RESULTS / "join-temperature-qwen-1.5b.json").read_text())["rows"]
+    row = next(r for r in rows if r["scale"] == scale)
+    return f"{row['first_token_same']} of {row['n']} (mean KL {row['kl_mean']:.3f})"
+
+
 def load_place(page: str, store: str) -> str:
     """A `benchmarks/load_place.py` file's median load-plus-place time of the store whose path ends in `store`."""
     rows = json.loads((RESULTS / page).read_text())["rows"]
@@ -188,6 +195,10 @@ DOC_TRANSLATED_15 = "document-caches/squad_v2-smollm2-qwen-1.5b-doc.json"  # and
 # HotpotQA's paragraphs, each its own document cached apart by qwen-1.5b, joined; the repairs in a run beside it
 JOINED, JOINS = "document-caches/hotpotqa-qwen-1.5b-doc.json", "document-caches/hotpotqa-qwen-1.5b-doc-joins.json"
 JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the same, 10 questions, timed beside native
+# CacheBlend's rule at 30% over the same 100 questions, and timed beside native over the first 10
+BLEND30 = "document-caches/hotpotqa-qwen-1.5b-doc-blend30.json:stored+deviation"
+BLEND30_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-blend30-time.json"
+TRANSLATED_BLEND30 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-blend30.json:linear+deviation"  # its first 60
 STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
 STORIES_15 = "document-caches/quality-qwen-1.5b-doc.json"  # qwen-1.5b's own caches, all 94 questions of part a
 STORIES_GEMMA = "document-caches/quality-gemma-doc.json"  # gemma's own caches, all 94; native on the first 30
@@ -205,6 +216,8 @@ TTFT_15 = "document-ttft-qwen-1.5b.json"  # `cagkit bench` of qwen-1.5b, 512 to 
 
 SENTENCES = {
     "README.md": [
+        lambda: f"(`--blend 0.3 --blend-select deviation`, CacheBlend's rule) reached "
+                f"{quality(BLEND30.split(':')[0], 'stored+deviation')}",
         lambda: f"at 16k (qwen-1.5b {float(bench_ratio(TTFT_15, 16393, 'stored')):.3f}, gemma "
                 f"{bench_ratio('bench-gemma-16k.json', 16385, 'stored')})",
         lambda: f"native prefill's answer on {same_answers(DOC_QWEN, 'stored', 'native')} questions at "
@@ -293,6 +306,20 @@ SENTENCES = {
                 f"{difference(JOINED, JOINS + ':stored+deviation', 'stored')} against the join as stored; at the start "
                 f"of each document (EPIC's rule) {quality(JOINS, 'stored+initial')}; by the question's sentences "
                 f"{quality(JOINS, 'stored+question')}",
+        lambda: f"{quality(BLEND30.split(':')[0], 'stored+deviation')} F1 against native's {quality(JOINED, 'native')} "
+                f"(repair − native {difference(JOINED, BLEND30, 'native', 'commas')}), "
+                f"{difference(JOINED, BLEND30, 'select@chunks')} against select, {difference(JOINED, BLEND30, 'stored')} "
+                f"against the join as stored and {difference(JOINS, BLEND30, 'stored+deviation')} against 15% "
+                f"recomputed: it keeps {gap(JOINED, BLEND30, 'select@chunks', 'native')} of native's lead",
+        lambda: f"{quality(TRANSLATED_BLEND30.split(':')[0], 'linear+deviation')}, "
+                f"{difference(TRANSLATED_15, TRANSLATED_BLEND30, 'select@chunks')} against select and "
+                f"{difference(TRANSLATED_15, TRANSLATED_BLEND30, 'linear+deviation')} over 15% recomputed, closing "
+                f"{gap(TRANSLATED_15, TRANSLATED_BLEND30, 'select@chunks', JOINED + ':native')} of native's lead",
+        lambda: f"three runs sharing the two cores) it took {ratio(BLEND30_TIME, 'stored+deviation', 'native')} of "
+                f"native's",
+        lambda: f"As stored (a = 1) it was native's first token on {join_temperature(1.0)}; a = 0.95, "
+                f"{join_temperature(0.95)[:-1].replace('mean KL ', '')}); a = 1.05, "
+                f"{join_temperature(1.05)[:-1].replace('mean KL ', '')})",
         lambda: f"the join as stored answered at {ratio(JOINS_TIME, 'stored', 'native')} of native's first token and the "
                 f"repairs at {ratio(JOINS_TIME, 'stored+question', 'native')} (question), "
                 f"{ratio(JOINS_TIME, 'stored+deviation', 'native')} (deviation) and "

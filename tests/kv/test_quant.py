@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cagkit.config import KV_DTYPES
-from cagkit.kv.quant import KEY_GROUP, dequantize, quantize
+from cagkit.kv.quant import KEY_GROUP, REFINED_KEY_LAYERS, bytes_per_value, dequantize, quantize
 
 
 def _kv(L=3, T=150, H=2, D=64, seed=0):
@@ -49,13 +49,37 @@ def test_a_constant_group_decodes_exactly():
     assert torch.equal(k, keys) and torch.equal(v, values)
 
 
-def test_the_bytes_per_value_config_states_are_what_the_tensors_take():
-    keys, values = _kv(T=4 * KEY_GROUP)
+def test_the_bytes_per_value_stated_are_what_the_tensors_take():
+    keys, values = _kv(L=24, T=4 * KEY_GROUP)
     for dtype in ("int8", "int4"):
         t = quantize(keys, values, dtype)
-        stored = sum(x.numel() * x.element_size() for name, x in t.items() if name != "quant")
-        assert stored == KV_DTYPES[dtype] * 2 * keys.numel()
-    assert KV_DTYPES["int4"] / KV_DTYPES["float16"] < 0.30
+        stored = sum(x.numel() * x.element_size() for name, x in t.items() if name not in ("quant", "keys.fine_layers"))
+        assert stored == bytes_per_value(dtype, 24) * 2 * keys.numel()
+    assert stored > KV_DTYPES["int4"] * 2 * keys.numel()  # the refined keys' second codes
+    assert bytes_per_value("int4", 24) / KV_DTYPES["float16"] < 0.30  # qwen's layers
+
+
+def test_int4_refines_the_keys_of_the_layers_it_would_get_most_wrong():
+    keys, values = _kv(L=5, T=150)
+    keys[3, ::50] *= 20  # one layer with a few spikes, which widen its groups' ranges for every other token
+    t = quantize(keys, values, "int4")
+    assert t["keys.fine"].shape == (REFINED_KEY_LAYERS, 150, 2, 32) and t["keys.fine"].dtype == torch.uint8
+    layers = t["keys.fine_layers"].tolist()
+    assert 3 in layers and len(layers) == REFINED_KEY_LAYERS == 2
+    plain = {n: x for n, x in t.items() if not n.startswith("keys.fine")}  # as a reader without refinement reads
+    refined, coarse = dequantize(t)[0], dequantize(plain)[0]
+    as_int8 = dequantize(quantize(keys, values, "int8"))[0]
+
+    def error(k, layer):
+        return float((k[layer] - keys[layer]).norm() / keys[layer].norm())
+
+    for layer in range(5):
+        if layer in layers:  # about int8's precision, an order of magnitude under int4's
+            assert error(refined, layer) < 1.5 * error(as_int8, layer) < 0.2 * error(coarse, layer)
+        else:
+            assert torch.equal(refined[layer], coarse[layer])
+    # the refined layers are those int4 gets most wrong
+    assert min(error(coarse, layer) for layer in layers) >= max(error(coarse, l) for l in range(5) if l not in layers)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,91 @@
+"""Documents cached apart and joined, with an attention temperature on the placed context (APE's, "Adaptive
+Parallel Encoding"): does sharpening or softening the question's attention to the joined documents bring its first
+answer token closer to native's, which reads the documents together?
+
+    python benchmarks/join_temperature.py --store results/stores/dev_subsampled.part-a-qwen-1.5b --model qwen-1.5b
+        --data ../shared/data/eval/hotpotqa/dev_subsampled.part-a.jsonl --format hotpotqa --limit 30
+        [--scales 0.95,1.05] [--threads 1] [--out docs/results/join-temperature-<model>.json]
+
+Per question: the top-4 documents by retrieval, each cached apart after the prompt prefix (the store's own model),
+joined as stored (`stored` at document scope), and native prefill of the same four read together (`native`,
+whose context is the retrieved chunks; each HotpotQA paragraph is one chunk). A scale `a` multiplies the placed
+context's keys in every layer after they are placed, so every later query's logits over the context are `a`
+times theirs (temperature 1/a) while the prompt prefix and the question's own tokens keep theirs. Per scale: how
+often the first answer token is native's, and the mean KL of native's first-token distribution to it; scale 1 is
+the join as stored. APE's other part, the shared prefix before every document, is how every document is cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from cagkit.ask import build_context_cache, choose_scope
+from cagkit.bench import write_results
+from cagkit.config import AS_STORED
+from cagkit.evaluation.datasets import load_examples
+from cagkit.evaluation.runner import documents_dir, example_hits, write_documents
+from cagkit.generation import context_room, prompt_parts
+from cagkit.models.loading import load_model
+from cagkit.store.store import Store
+
+
+def first_token(lm, context, scale: float = 1.0, start: int = 0) -> torch.Tensor:
+    """Log-probabilities of the first answer token after `context`, its placed context's keys (`start` on, as many
+    as `context.context_tokens`) multiplied by `scale` first."""
+    if scale != 1.0:
+        for layer in context.cache.layers:
+            layer.keys[:, :, start:start + context.context_tokens].mul_(scale)
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([context.pending_ids]), cache=context.cache, use_cache=True,
+                          logits_to_keep=1).logits[0, -1].float()
+    return torch.log_softmax(logits, -1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", required=True, help="a store of the documents written by --model")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--format", required=True)
+    ap.add_argument("--limit", type=int, default=30)
+    ap.add_argument("--scales", default="0.95,1.05")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    scales = [1.0] + [float(s) for s in args.scales.split(",") if float(s) != 1.0]
+    lm = load_model(args.model, "cpu")
+    store = Store.open(args.store)
+    examples = load_examples(args.data, args.format, args.limit)
+    paths = write_documents(examples, documents_dir(store.path))
+    room = context_room(lm, *prompt_parts(lm, "?"), 24)
+    out = args.out or f"docs/results/join-temperature-{args.model}.json"
+    rows = {a: {"scale": a, "first_token_same": 0, "kl_sum": 0.0, "n": 0} for a in scales}
+    results = {"settings": {"model": args.model, "store": str(args.store), "data": args.data, "limit": args.limit,
+                            "top_k": 4, "threads": torch.get_num_threads()}, "rows": []}
+    started = time.perf_counter()
+    for n, (example, doc_paths) in enumerate(zip(examples, paths), 1):
+        hits = example_hits(store, example.question, doc_paths, 4, False)
+        placed, scope, _ = choose_scope(store, hits, "document", room, "stored")
+        native = first_token(lm, build_context_cache(lm, store, hits, example.question, "native", AS_STORED))
+        prefix = len(prompt_parts(lm, example.question)[0])
+        for a, row in rows.items():
+            context = build_context_cache(lm, store, placed, example.question, "stored", AS_STORED, scope)
+            joined = first_token(lm, context, a, prefix)
+            row["n"] = n
+            row["first_token_same"] += int(joined.argmax() == native.argmax())
+            row["kl_sum"] += float((native.exp() * (native - joined)).sum())
+            row["kl_mean"] = row["kl_sum"] / n
+        results["rows"] = [{k: v for k, v in r.items() if k != "kl_sum"} for r in rows.values()]
+        write_results(out, results)
+        print(f"[{n}/{len(examples)}] {time.perf_counter() - started:.0f} s", flush=True)
+    for r in results["rows"]:
+        print(f"scale {r['scale']:.2f}  first token native's {r['first_token_same']}/{r['n']}  KL {r['kl_mean']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
