@@ -95,6 +95,10 @@ def bench_seconds(page: str, tokens: int, method: str, fmt: str = ".2f") -> str:
     return f"{_bench_row(page, tokens)['ttft_ms'][method] / 1e3:{fmt}}"
 
 
+def _bytes(store: str) -> float:
+    return json.loads((RESULTS / "document-caches" / f"store-info-{store}.json").read_text())["kv_bytes_per_token"]
+
+
 def bytes_per_token(store: str) -> str:
     """The KV bytes a stored token takes, from a saved `cagkit store info --json`: `3,532`."""
     info = json.loads((RESULTS / "document-caches" / f"store-info-{store}.json").read_text())
@@ -119,6 +123,13 @@ def join_temperature(scale: float) -> str:
     rows = json.loads((RESULTS / "join-temperature-qwen-1.5b.json").read_text())["rows"]
     row = next(r for r in rows if r["scale"] == scale)
     return f"{row['first_token_same']} of {row['n']} (mean KL {row['kl_mean']:.3f})"
+
+
+def int4_variant(variant: str) -> str:
+    """A row of `benchmarks/int4_keys.py`'s file: its bytes over float16's and its answers: `(0.281x) 18 of 30`."""
+    rows = json.loads((RESULTS / "int4-keys-qwen.json").read_text())["rows"]
+    row = next(r for r in rows if r["variant"] == variant)
+    return f"({row['kv_fraction']:.3f}x) {row['same_answer']} of {row['n']}"
 
 
 def load_place(page: str, store: str) -> str:
@@ -189,6 +200,9 @@ DOC_FOCUS, DOC_FOCUS_15 = "document-caches/squad_v2-qwen-doc-focus.json", "docum
 # the same stores written in int4 or int8 (docs/speed.md), and what `cagkit store info --json` said of them
 DOC_QWEN_INT4, DOC_QWEN_INT8 = "document-caches/squad_v2-qwen-doc-int4.json", "document-caches/squad_v2-qwen-doc-int8.json"
 DOC_QWEN_15_INT4 = "document-caches/squad_v2-qwen-1.5b-doc-int4.json"
+# int4 with its refined keys: copies of the float16 stores (qwen, SQuAD; qwen-1.5b, HotpotQA's 100 questions)
+DOC_QWEN_INT4R, HOTPOT_15_INT4R = ("document-caches/squad_v2-qwen-doc-int4r.json",
+                                   "document-caches/hotpotqa-qwen-1.5b-doc-int4r.json")
 DOC_TRANSLATED = "document-caches/squad_v2-smollm2-gemma-doc.json"  # smollm2's store read by gemma, translated
 DOC_TRANSLATED_QWEN = "document-caches/squad_v2-smollm2-qwen-doc.json"  # the same store read by qwen
 DOC_TRANSLATED_15 = "document-caches/squad_v2-smollm2-qwen-1.5b-doc.json"  # and by qwen-1.5b, a ridge translator
@@ -495,6 +509,17 @@ SENTENCES = {
         lambda: f"the document's KV took {bench_megabytes('bench-qwen-int8.json', 4091)} on disk against "
                 f"{bench_megabytes('bench-qwen.json', 4091)}",
         lambda: f"{bytes_per_token('qwen-int4')} KV bytes a token on disk against {bytes_per_token('qwen')} for float16",
+        lambda: f"{bytes_per_token('qwen-int4r')} KV bytes a token against {bytes_per_token('qwen')} "
+                f"({_bytes('qwen-int4r') / _bytes('qwen'):.3f}x); over the 200 questions `stored` scored "
+                f"{quality(DOC_QWEN_INT4R, 'stored')} F1, int4 − float16 "
+                f"{difference(DOC_QWEN_MORE, DOC_QWEN_INT4R + ':stored', 'stored', 'commas')}, and gave float16's answer "
+                f"word for word on {same_across(DOC_QWEN_INT4R, DOC_QWEN_MORE, 'stored')}, where int4 before the "
+                f"refinement kept {same_across(DOC_QWEN_INT4, DOC_QWEN_MORE, 'stored').split()[0]}",
+        lambda: f"{bytes_per_token('qwen-1.5b-hotpot-int4r')} KV bytes a token against "
+                f"{bytes_per_token('qwen-1.5b-hotpot-100')} "
+                f"({_bytes('qwen-1.5b-hotpot-int4r') / _bytes('qwen-1.5b-hotpot-100'):.3f}x), int4 − float16 "
+                f"{difference(JOINED, HOTPOT_15_INT4R + ':stored', 'stored', 'commas')}, the same answer on "
+                f"{same_across(HOTPOT_15_INT4R, JOINED, 'stored')}",
         lambda: f"`stored` scored {quality(DOC_QWEN_INT4, 'stored')} F1 against float16's "
                 f"{quality(DOC_QWEN_MORE, 'stored')}, int4 − float16 "
                 f"{difference(DOC_QWEN_MORE, DOC_QWEN_INT4 + ':stored', 'stored', 'commas')}, and gave float16's "
@@ -511,6 +536,13 @@ SENTENCES = {
                 f"{load_place('load-place-qwen-1.5b.json', '-lance16')} from a LanceDB copy, int8 "
                 f"{load_place('load-place-qwen-1.5b.json', '-int8')} (a LanceDB copy) and int4 "
                 f"{load_place('load-place-qwen-1.5b.json', '-int4')}",
+        lambda: "int4 as it was " + int4_variant('int4').replace(") ", ") gave float16's answer on ") + "; float16 keys "
+                f"with int4 values {int4_variant('int4-values')}, int4 keys with float16 values "
+                f"{int4_variant('int4-keys')}: the keys lose the answers. Within 0.30x: keys in groups of 32 tokens "
+                f"{int4_variant('keys-g32')}; the 1% of key values farthest from their group's mean kept in float16 "
+                f"{int4_variant('outliers-10')}; int8 keys in the two layers whose int4 keys err most "
+                f"{int4_variant('refine-2')}, in four {int4_variant('refine-4')}. int8 keys everywhere "
+                f"{int4_variant('keys-int8')}",
         lambda: f"placing took {cold_ask('ask, prefix read', 'place_ms')} against "
                 f"{cold_ask('ask, prefix prefilled', 'place_ms')} prefilled, and the first token "
                 f"{cold_ask('ask, prefix read', 'ttft_ms')} against {cold_ask('ask, prefix prefilled', 'ttft_ms')}, "
