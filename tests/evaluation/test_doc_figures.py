@@ -212,6 +212,7 @@ JOINS_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-joins-time.json"  # the sam
 # CacheBlend's rule at 30% over the same 100 questions, and timed beside native over the first 10
 BLEND30 = "document-caches/hotpotqa-qwen-1.5b-doc-blend30.json:stored+deviation"
 BLEND30_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-blend30-time.json"
+BLEND20 = "document-caches/hotpotqa-qwen-1.5b-doc-blend20.json:stored+deviation"  # and at 20%
 TRANSLATED_BLEND30 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-blend30.json:linear+deviation"  # its first 60
 STORIES, STORIES_NATIVE = "document-caches/quality-qwen-doc.json", "document-caches/quality-qwen-doc-native.json"
 STORIES_15 = "document-caches/quality-qwen-1.5b-doc.json"  # qwen-1.5b's own caches, all 94 questions of part a
@@ -329,6 +330,9 @@ SENTENCES = {
                 f"{difference(TRANSLATED_15, TRANSLATED_BLEND30, 'select@chunks')} against select and "
                 f"{difference(TRANSLATED_15, TRANSLATED_BLEND30, 'linear+deviation')} over 15% recomputed, closing "
                 f"{gap(TRANSLATED_15, TRANSLATED_BLEND30, 'select@chunks', JOINED + ':native')} of native's lead",
+        lambda: f"at 20% (`-blend20`, the same questions) {quality(BLEND20.split(':')[0], 'stored+deviation')}, native "
+                f"{difference(JOINED, BLEND20, 'native')}, keeping "
+                f"{gap(JOINED, BLEND20, 'select@chunks', 'native')} of the lead",
         lambda: f"three runs sharing the two cores) it took {ratio(BLEND30_TIME, 'stored+deviation', 'native')} of "
                 f"native's",
         lambda: f"As stored (a = 1) it was native's first token on {join_temperature(1.0)}; a = 0.95, "
