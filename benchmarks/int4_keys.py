@@ -11,8 +11,10 @@ is float16's, the mean KL of float16's first-token distribution to the variant's
 (`--max-new-tokens`) is float16's word for word. `kv_fraction` is the variant's KV bytes a token over float16's,
 from the model's shapes (codes, scales and minimums; not the token ids and offsets beside them in a KV file).
 
-Variants (values int4 per token unless named):
-    int4               the store's int4: keys per channel in groups of 64 tokens
+Variants (values int4 per token unless named; every int4 but int4-refined without the store's refined keys):
+    int4               int4 as the store wrote it before its keys were refined: keys per channel, groups of 64 tokens
+    int4-refined       the store's int4 now: int4, and a second 4-bit code for the keys of the
+                       `quant.REFINED_KEY_LAYERS` layers it gets most wrong
     int4-keys          int4 keys, float16 values        int4-values   float16 keys, int4 values
     keys-gN            int4 keys in groups of N tokens   keys-int8     int8 keys
     refine-N           int8 keys in the N layers whose int4 keys err most (relative to their norm), chunk by chunk
@@ -22,18 +24,16 @@ Variants (values int4 per token unless named):
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
 import cagkit.kv.chunk as chunk_module
-from cagkit.ask import build_context_cache, choose_scope
+from _questions import document_questions, question_arguments
+from cagkit.ask import build_context_cache
 from cagkit.bench import write_results
 from cagkit.config import AS_STORED
-from cagkit.evaluation.datasets import load_examples
-from cagkit.evaluation.runner import documents_dir, example_hits, write_documents
-from cagkit.generation import context_room, generate, prompt_parts
+from cagkit.generation import generate
 from cagkit.kv import quant
 from cagkit.kv.warm import share_cache
 from cagkit.models.loading import load_model
@@ -42,14 +42,16 @@ from cagkit.store.store import Store
 VARIANTS = "int4,int4-keys,int4-values,keys-g32,keys-g16,keys-int8,refine-2,refine-4,outliers-10,outliers-20"
 
 
-def round_trip(keys: torch.Tensor, values: torch.Tensor, dtype: str, key_group: int = quant.KEY_GROUP):
-    """(keys, values) float32 after the store's `dtype` quantization with keys in groups of `key_group` tokens."""
-    kept = quant.KEY_GROUP
-    quant.KEY_GROUP = key_group
+def round_trip(keys: torch.Tensor, values: torch.Tensor, dtype: str, key_group: int = quant.KEY_GROUP,
+               refined: int = 0):
+    """(keys, values) float32 after the store's `dtype` quantization with keys in groups of `key_group` tokens and
+    int4's keys refined in `refined` layers."""
+    kept = quant.KEY_GROUP, quant.REFINED_KEY_LAYERS
+    quant.KEY_GROUP, quant.REFINED_KEY_LAYERS = key_group, refined
     try:
         return quant.dequantize(quant.quantize(keys, values, dtype))
     finally:
-        quant.KEY_GROUP = kept
+        quant.KEY_GROUP, quant.REFINED_KEY_LAYERS = kept
 
 
 def refine(keys: torch.Tensor, n: int) -> torch.Tensor:
@@ -81,6 +83,8 @@ def apply(variant: str, keys: torch.Tensor, values: torch.Tensor):
     """(keys, values) float32 as `variant` stores and reads them."""
     if variant == "int4":
         return round_trip(keys, values, "int4")
+    if variant == "int4-refined":
+        return round_trip(keys, values, "int4", refined=quant.REFINED_KEY_LAYERS)
     int4_values = round_trip(keys, values, "int4")[1]
     if variant == "int4-keys":
         return round_trip(keys, values, "int4")[0], values
@@ -111,24 +115,18 @@ def kv_fraction(variant: str, layers: int, head_dim: int) -> float:
             "keys-int8": keys8 + values4}.get(variant)
     if variant.startswith("keys-g"):
         size = keys4(int(variant[6:])) + values4
-    elif variant.startswith("refine-"):
-        size = keys4() + values4 + min(int(variant[7:]), layers) / layers * D / 2
+    elif variant.startswith("refine-") or variant == "int4-refined":
+        refined = quant.REFINED_KEY_LAYERS if variant == "int4-refined" else int(variant[7:])
+        size = keys4() + values4 + min(refined, layers) / layers * D / 2
     elif variant.startswith("outliers-"):
         size = keys4() + values4 + int(variant[9:]) / 1000 * D * 6
     return size / (4 * D)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--store", required=True, help="a float16 store written by --model")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--format", required=True)
-    ap.add_argument("--limit", type=int, default=30)
+    ap = question_arguments(__doc__, "a float16 store written by --model")
     ap.add_argument("--variants", default=VARIANTS)
     ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -137,9 +135,6 @@ def main() -> None:
     store = Store.open(args.store)
     if store.settings.dtype != "float16":
         raise SystemExit(f"--store {args.store} holds {store.settings.dtype} KV; pass a float16 store")
-    examples = load_examples(args.data, args.format, args.limit)
-    paths = write_documents(examples, documents_dir(store.path))
-    room = context_room(lm, *prompt_parts(lm, "?"), args.max_new_tokens)
     real = chunk_module.ChunkKV
     current = {"variant": None}
 
@@ -157,9 +152,7 @@ def main() -> None:
                             "limit": args.limit, "max_new_tokens": args.max_new_tokens,
                             "threads": torch.get_num_threads(), "key_group": quant.KEY_GROUP}, "rows": []}
     started = time.perf_counter()
-    for n, (example, doc_paths) in enumerate(zip(examples, paths), 1):
-        hits = example_hits(store, example.question, doc_paths, 4, False)
-        placed, scope, _ = choose_scope(store, hits, "document", room, "stored")
+    for n, (example, _, placed, scope) in enumerate(document_questions(lm, store, args, 4, args.max_new_tokens), 1):
         answers, firsts = {}, {}
         for variant in [None, *variants]:
             current["variant"] = variant
@@ -178,7 +171,7 @@ def main() -> None:
             row["kl_mean"] = row["kl_sum"] / n
         results["rows"] = [{k: v for k, v in r.items() if k != "kl_sum"} for r in rows.values()]
         write_results(out, results)
-        print(f"[{n}/{len(examples)}] {time.perf_counter() - started:.0f} s", flush=True)
+        print(f"[{n}/{args.limit}] {time.perf_counter() - started:.0f} s", flush=True)
     for r in results["rows"]:
         print(f"{r['variant']:>12}  {r['kv_fraction']:.3f}x  first token {r['first_token_same']}/{r['n']}  "
               f"KL {r['kl_mean']:.5f}  same answer {r['same_answer']}/{r['n']}")

@@ -17,17 +17,15 @@ the join as stored. APE's other part, the shared prefix before every document, i
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
-from cagkit.ask import build_context_cache, choose_scope
+from _questions import document_questions, question_arguments
+from cagkit.ask import build_context_cache
 from cagkit.bench import write_results
 from cagkit.config import AS_STORED
-from cagkit.evaluation.datasets import load_examples
-from cagkit.evaluation.runner import documents_dir, example_hits, write_documents
-from cagkit.generation import context_room, prompt_parts
+from cagkit.generation import prompt_parts
 from cagkit.models.loading import load_model
 from cagkit.store.store import Store
 
@@ -45,32 +43,20 @@ def first_token(lm, context, scale: float = 1.0, start: int = 0) -> torch.Tensor
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--store", required=True, help="a store of the documents written by --model")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--format", required=True)
-    ap.add_argument("--limit", type=int, default=30)
+    ap = question_arguments(__doc__, "a store of the documents written by --model")
     ap.add_argument("--scales", default="0.95,1.05")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     scales = [1.0] + [float(s) for s in args.scales.split(",") if float(s) != 1.0]
     lm = load_model(args.model, "cpu")
     store = Store.open(args.store)
-    examples = load_examples(args.data, args.format, args.limit)
-    paths = write_documents(examples, documents_dir(store.path))
-    room = context_room(lm, *prompt_parts(lm, "?"), 24)
     out = args.out or f"docs/results/join-temperature-{args.model}.json"
     rows = {a: {"scale": a, "first_token_same": 0, "kl_sum": 0.0, "n": 0} for a in scales}
     results = {"settings": {"model": args.model, "store": str(args.store), "data": args.data, "limit": args.limit,
                             "top_k": 4, "threads": torch.get_num_threads()}, "rows": []}
     started = time.perf_counter()
-    for n, (example, doc_paths) in enumerate(zip(examples, paths), 1):
-        hits = example_hits(store, example.question, doc_paths, 4, False)
-        placed, scope, _ = choose_scope(store, hits, "document", room, "stored")
+    for n, (example, hits, placed, scope) in enumerate(document_questions(lm, store, args), 1):
         native = first_token(lm, build_context_cache(lm, store, hits, example.question, "native", AS_STORED))
         prefix = len(prompt_parts(lm, example.question)[0])
         for a, row in rows.items():
@@ -82,7 +68,7 @@ def main() -> None:
             row["kl_mean"] = row["kl_sum"] / n
         results["rows"] = [{k: v for k, v in r.items() if k != "kl_sum"} for r in rows.values()]
         write_results(out, results)
-        print(f"[{n}/{len(examples)}] {time.perf_counter() - started:.0f} s", flush=True)
+        print(f"[{n}/{args.limit}] {time.perf_counter() - started:.0f} s", flush=True)
     for r in results["rows"]:
         print(f"scale {r['scale']:.2f}  first token native's {r['first_token_same']}/{r['n']}  KL {r['kl_mean']:.4f}")
 
