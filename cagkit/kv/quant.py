@@ -17,7 +17,7 @@ same safetensors file as the codes, under the chunk's own names, so the chunk's 
 
 int4 refines the keys of the `REFINED_KEY_LAYERS` layers whose int4 keys err most relative to their norm, chunk by
 chunk (where int4 changes the answers most; benchmarks/int4_keys.py): each of their keys gets a second 4-bit code
-for what the first left, in sixteen steps across the first code's step, so those layers' keys are read at about
+for what the first left, in sixteen levels across the first code's step, so those layers' keys are read at about
 int8's precision while their int4 codes stay as they are (a reader that does not know the refinement reads plain
 int4):
 
