@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
+import torch
+
 from cagkit.ask import choose_scope
 from cagkit.evaluation.datasets import load_examples
 from cagkit.evaluation.runner import documents_dir, example_hits, write_documents
@@ -36,3 +38,16 @@ def document_questions(lm, store, args, top_k: int = 4, max_new_tokens: int = 24
         hits = example_hits(store, example.question, doc_paths, top_k, False)
         placed, scope, _ = choose_scope(store, hits, "document", room, "stored")
         yield example, hits, placed, scope
+
+
+def first_token(lm, cache, ids: list[int]) -> torch.Tensor:
+    """Log-probabilities [V] of the token after `ids` prefilled into `cache` (which the prefill extends)."""
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1).logits
+    return torch.log_softmax(logits[0, -1].float(), -1)
+
+
+def agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[int, float]:
+    """Whether two `first_token` distributions take the same token (1 or 0), and KL(reference || other)."""
+    same = int(other.argmax() == reference.argmax())
+    return same, float((reference.exp() * (reference - other)).sum())

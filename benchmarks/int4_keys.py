@@ -29,7 +29,7 @@ import time
 import torch
 
 import cagkit.kv.chunk as chunk_module
-from _questions import document_questions, question_arguments
+from _questions import agreement, document_questions, first_token, question_arguments
 from cagkit.ask import build_context_cache
 from cagkit.bench import write_results
 from cagkit.config import AS_STORED
@@ -57,8 +57,7 @@ def round_trip(keys: torch.Tensor, values: torch.Tensor, dtype: str, key_group: 
 def refine(keys: torch.Tensor, n: int) -> torch.Tensor:
     """int4 keys, with int8 keys in the `n` layers whose int4 keys err most relative to their norm."""
     coarse = round_trip(keys, keys, "int4")[0]
-    error = (keys - coarse).flatten(1).norm(dim=1) / keys.flatten(1).norm(dim=1).clamp_min(1e-12)
-    layers = error.topk(min(n, keys.shape[0])).indices
+    layers = quant.most_in_error(keys, keys - coarse, n)
     coarse[layers] = round_trip(keys[layers], keys[layers], "int8")[0]
     return coarse
 
@@ -157,16 +156,14 @@ def main() -> None:
         for variant in [None, *variants]:
             current["variant"] = variant
             context = build_context_cache(lm, store, placed, example.question, "stored", AS_STORED, scope)
-            with torch.no_grad():
-                logits = lm.model(input_ids=torch.tensor([context.pending_ids]), cache=share_cache(context.cache),
-                                  use_cache=True, logits_to_keep=1).logits[0, -1].float()
-            firsts[variant] = torch.log_softmax(logits, -1)
+            firsts[variant] = first_token(lm, share_cache(context.cache), context.pending_ids)
             answers[variant] = generate(lm, context.cache, context.pending_ids, args.max_new_tokens).text
         for variant in variants:
             row = rows[variant]
+            same, kl = agreement(firsts[None], firsts[variant])
             row["n"] = n
-            row["first_token_same"] += int(firsts[variant].argmax() == firsts[None].argmax())
-            row["kl_sum"] += float((firsts[None].exp() * (firsts[None] - firsts[variant])).sum())
+            row["first_token_same"] += same
+            row["kl_sum"] += kl
             row["same_answer"] += int(answers[variant] == answers[None])
             row["kl_mean"] = row["kl_sum"] / n
         results["rows"] = [{k: v for k, v in r.items() if k != "kl_sum"} for r in rows.values()]

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from _questions import document_questions, question_arguments
+from _questions import agreement, document_questions, first_token, question_arguments
 from cagkit.ask import build_context_cache
 from cagkit.bench import write_results
 from cagkit.config import AS_STORED
@@ -30,16 +30,13 @@ from cagkit.models.loading import load_model
 from cagkit.store.store import Store
 
 
-def first_token(lm, context, scale: float = 1.0, start: int = 0) -> torch.Tensor:
-    """Log-probabilities of the first answer token after `context`, its placed context's keys (`start` on, as many
-    as `context.context_tokens`) multiplied by `scale` first."""
+def scaled_first_token(lm, context, scale: float = 1.0, start: int = 0) -> torch.Tensor:
+    """`first_token` after `context`, its placed context's keys (`start` on, as many as `context.context_tokens`)
+    multiplied by `scale` first."""
     if scale != 1.0:
         for layer in context.cache.layers:
             layer.keys[:, :, start:start + context.context_tokens].mul_(scale)
-    with torch.no_grad():
-        logits = lm.model(input_ids=torch.tensor([context.pending_ids]), cache=context.cache, use_cache=True,
-                          logits_to_keep=1).logits[0, -1].float()
-    return torch.log_softmax(logits, -1)
+    return first_token(lm, context.cache, context.pending_ids)
 
 
 def main() -> None:
@@ -57,14 +54,15 @@ def main() -> None:
                             "top_k": 4, "threads": torch.get_num_threads()}, "rows": []}
     started = time.perf_counter()
     for n, (example, hits, placed, scope) in enumerate(document_questions(lm, store, args), 1):
-        native = first_token(lm, build_context_cache(lm, store, hits, example.question, "native", AS_STORED))
+        native_context = build_context_cache(lm, store, hits, example.question, "native", AS_STORED)
+        native = first_token(lm, native_context.cache, native_context.pending_ids)
         prefix = len(prompt_parts(lm, example.question)[0])
         for a, row in rows.items():
             context = build_context_cache(lm, store, placed, example.question, "stored", AS_STORED, scope)
-            joined = first_token(lm, context, a, prefix)
+            same, kl = agreement(native, scaled_first_token(lm, context, a, prefix))
             row["n"] = n
-            row["first_token_same"] += int(joined.argmax() == native.argmax())
-            row["kl_sum"] += float((native.exp() * (native - joined)).sum())
+            row["first_token_same"] += same
+            row["kl_sum"] += kl
             row["kl_mean"] = row["kl_sum"] / n
         results["rows"] = [{k: v for k, v in r.items() if k != "kl_sum"} for r in rows.values()]
         write_results(out, results)

@@ -59,7 +59,6 @@ from cagkit.config import (
     DEFAULT_SOURCE,
     DEFAULT_TOP_K,
     EVAL_METHODS,
-    KV_DTYPES,
     PLACEMENT_FIELDS,
     Placement,
 )
@@ -70,7 +69,7 @@ from cagkit.evaluation.metrics import exact_match, f1, mean, median
 from cagkit.ingest.chunking import check_chunk_tokens
 from cagkit.ingest.pipeline import ingest
 from cagkit.kv.context import SelectedSentences
-from cagkit.kv.quant import bytes_per_value, is_quantized
+from cagkit.kv.quant import bytes_per_value
 from cagkit.models.device import model_device, synchronize
 from cagkit.models.loading import LoadedModel, load_model
 from cagkit.retrieval.rank import check_retrieval
@@ -191,8 +190,7 @@ def run_eval(
         }
         previous = _load_previous(out, results)
         models = {m: source_lm if _base(m) == "source" else target_lm for m in methods}
-        stored_bytes = (bytes_per_value(st.settings.dtype, source_lm.num_layers) if is_quantized(st.settings.dtype)
-                        else KV_DTYPES[st.settings.dtype])
+        stored_bytes = bytes_per_value(st.settings.dtype, source_lm.num_layers)
         about = {m: {"model": models[m].name,
                      "kv_bytes_per_token": models[m].kv_bytes_per_token(2) if _base(m) in TARGET_NATIVE
                      else source_lm.kv_bytes_per_token(stored_bytes)} for m in methods}

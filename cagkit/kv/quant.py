@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import math
 
+from cagkit.config import KV_DTYPES
+
 QUANT_BITS = {"int8": 8, "int4": 4}  # the store's compressed KV dtypes
 KEY_GROUP = 64  # tokens per key scale (per channel)
 VALUE_GROUP = 64  # channels per value scale (per token); a head of another width gets one scale per head
@@ -43,8 +45,11 @@ FINE_LEVELS = 15  # the second code's steps across the first's
 
 
 def bytes_per_value(dtype: str, layers: int) -> float:
-    """The bytes a key or value takes, on average, in the compressed `dtype` for a model of `layers` layers: codes,
-    and the float16 scale and minimum of each group of 64; int4 adds its refined layers' second key codes."""
+    """The bytes a key or value takes, on average, in the store's `dtype` for a model of `layers` layers: a float
+    dtype's own size; compressed, the codes and the float16 scale and minimum of each group of 64, and int4's
+    refined layers' second key codes."""
+    if dtype not in QUANT_BITS:
+        return KV_DTYPES[dtype]
     size = QUANT_BITS[dtype] / 8 + 4 / 64
     if dtype == "int4":
         size += min(REFINED_KEY_LAYERS, layers) / layers * 0.5 / 2  # half a byte a key, none a value
@@ -95,14 +100,18 @@ def _refine(k, codes, scale, low, T: int) -> dict:
 
     step = scale.float()
     left = k - (codes.float() * step + low.float())  # within half a step of 0, but where float16 rounded
-    real = slice(0, T)  # not the last group's padding
-    error = (left.flatten(1, 2)[:, real].flatten(1).norm(dim=1)
-             / k.flatten(1, 2)[:, real].flatten(1).norm(dim=1).clamp_min(1e-12))
-    layers = error.topk(min(REFINED_KEY_LAYERS, k.shape[0])).indices.sort().values
+    layers = most_in_error(k.flatten(1, 2)[:, :T], left.flatten(1, 2)[:, :T], REFINED_KEY_LAYERS)  # no padding
     safe = torch.where(step > 0, step, torch.ones_like(step))[layers]
     fine = ((left[layers] / safe + 0.5) * FINE_LEVELS).round_().clamp_(0, FINE_LEVELS).to(torch.uint8)
     fine = fine.flatten(1, 2)[:, :T]
     return {"keys.fine": _pack(fine, 4), "keys.fine_layers": layers.to(torch.int32)}
+
+
+def most_in_error(keys, error, n: int):
+    """The `n` layers (sorted) of `keys` [L, ...] whose quantization `error` (as shaped) is largest relative to
+    their keys' norm."""
+    relative = error.flatten(1).norm(dim=1) / keys.flatten(1).norm(dim=1).clamp_min(1e-12)
+    return relative.topk(min(n, keys.shape[0])).indices.sort().values
 
 
 def dequantize(t: dict) -> tuple:
