@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cagkit.cli.options import add_device_options
-from cagkit.config import KV_DTYPES
+from cagkit.config import KV_DTYPES, TRANSLATOR_KINDS
 
 
 def add_parser(sub) -> None:
@@ -30,6 +30,15 @@ def add_parser(sub) -> None:
                    help="the KV dtype of that store (`cagkit ingest --dtype`; default: %(default)s)")
     p.add_argument("--store", default=None,
                    help="the store the documents go to (default: results/stores/bench/<model>[-<dtype>])")
+    p.add_argument("--source", default=None,
+                   help="another model that ingests each document too: a fifth way, its stored KV translated into "
+                        "--model and placed whole, is timed beside the four (translation included)")
+    p.add_argument("--translator", default="mot", choices=list(TRANSLATOR_KINDS),
+                   help="with --source, the translator kind that reads its store (default: %(default)s; "
+                        "$CAGKIT_TRANSLATORS names another folder of checkpoints)")
+    p.add_argument("--source-store", default=None,
+                   help="with --source, the store its documents go to (default: results/stores/bench/<source>"
+                        "[-<dtype>])")
     p.add_argument("--out", default=None, help="results JSON, resumed if it exists (default: results/bench-<model>.json)")
     p.add_argument("--plot", default=None, help="PNG to draw (default: results/bench-<model>.png; '' for none)")
     p.add_argument("--report", default=None,

@@ -32,7 +32,15 @@ choice are done once, before the clock starts, for all four.
   `torch.load(weights_only=False)` of that file, then the model forward over the question suffix and the argmax
   of the last position's logits. Timed from before the load to the token.
 
-Each size records the four medians (and every round's times and `answer.timings`, whose parts say where the
+With `--source S` (a model other than `--model`), S ingests each document too (its own store, `--source-store`,
+default results/stores/bench/<S>[-<dtype>]) and a fifth way runs beside the four:
+
+- `translated`: `answer_from_chunks(mode=KIND, scope="document", placement=AS_STORED)` over S's store: S's
+  stored KV of the document translated into `--model` by the `--translator` checkpoint (KIND, default `mot`)
+  and placed whole, then the question prefilled: the first token of a store written by another model,
+  translation included. Its answer is not expected to be native's.
+
+Each size records the medians (and every round's times and `answer.timings`, whose parts say where the
 first token's time went), their ratios to native, whether `stored` gives native's first token and `torch_save`'s,
 the store's KV bytes on disk for the document against the torch.save file's bytes, the document's tokens, its
 ingest time and rate, and the load average; the file holds the machine (threads, device, torch and transformers
@@ -60,6 +68,12 @@ from cagkit.bench import write_results
 
 DEFAULT_QUESTION = "Who is the eminent criminologist whose consulting-rooms lay along the sea-front at Scarborough?"
 METHODS = ("native", "stored", "select", "torch_save")
+TRANSLATED = "translated"  # the fifth way, with --source
+
+
+def methods_of(settings: dict) -> tuple[str, ...]:
+    """The ways a run times: the four, and `translated` when it names a source model."""
+    return METHODS + ((TRANSLATED,) if settings.get("source") else ())
 TOP_K = 4  # the select control's retrieved chunks, as `cagkit ask`'s default top-k
 # A sentence ends after . ! or ? (and any closing quotes or brackets) before whitespace; a paragraph at a blank line.
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)|\n\s*\n")
@@ -114,6 +128,11 @@ def run(args, sizes: list[int], out: Path, book: Path) -> dict:
     started = time.time()
     suffix = "" if args.dtype == "float16" else f"-{args.dtype}"
     store_dir = Path(args.store or f"results/stores/bench/{args.model}{suffix}")
+    source = getattr(args, "source", None)
+    if source == args.model:
+        raise CagkitError(f"--source {source} is --model itself, whose own store `stored` reads already; name "
+                          f"another model to time a translated store")
+    source_dir = Path(getattr(args, "source_store", None) or f"results/stores/bench/{source}{suffix}") if source else None
     files_dir = Path("results/bench-files") / args.model  # the torch.save baseline's files, removed per size
     lm = load_model(args.model, args.device)
     settings = {
@@ -122,14 +141,25 @@ def run(args, sizes: list[int], out: Path, book: Path) -> dict:
         "store": str(store_dir), "threads": torch.get_num_threads(), "device": str(lm.device),
         "command": _command(args),
     }
+    if source:
+        from cagkit.translate.cards import checkpoint_digest, translator_path
+
+        kind = args.translator
+        checkpoint = translator_path(source, args.model, kind)
+        if not checkpoint.is_file():
+            raise CagkitError(f"no {kind} translator from {source} to {args.model}: {checkpoint} does not exist; "
+                              f"train one (`cagkit translators train --source {source} --target {args.model}`) or "
+                              f"point $CAGKIT_TRANSLATORS at the folder that holds it")
+        settings.update(source=source, translator=kind, translator_sha256=checkpoint_digest(checkpoint),
+                        source_store=str(source_dir))
     result = {"settings": settings, "rows": []}
     if out.exists():
         previous = json.loads(out.read_text())
         previous["settings"].setdefault("dtype", "float16")  # files from before --dtype
-        for key in ("target", "book", "question", "dtype"):
-            if previous["settings"].get(key) != settings[key]:
+        for key in ("target", "book", "question", "dtype", "source", "translator", "translator_sha256"):
+            if previous["settings"].get(key) != settings.get(key):
                 raise CagkitError(f"{out} holds a run with {key} {previous['settings'].get(key)!r}, not "
-                                  f"{settings[key]!r}; pass another --out")
+                                  f"{settings.get(key)!r}; pass another --out")
         result["rows"] = previous["rows"]
         settings["runs"] = previous["settings"].get("runs", []) + [previous["settings"].get("command")]
     settings["started_at"] = time.strftime("%Y-%m-%d %H:%M")
@@ -151,7 +181,7 @@ def run(args, sizes: list[int], out: Path, book: Path) -> dict:
         new = {"size": size, "partial": True}
         result["rows"].append(new)
         try:
-            measure_size(lm, args, book, text, size, store_dir, files_dir, new, row, save)
+            measure_size(lm, args, book, text, size, store_dir, files_dir, new, row, save, source_dir)
             new.pop("partial")
         except (Exception, KeyboardInterrupt) as exc:  # keep the error in the file; a rerun tries the size again
             new["error"] = f"{type(exc).__name__}: {exc}"
@@ -165,31 +195,44 @@ def run(args, sizes: list[int], out: Path, book: Path) -> dict:
     return result
 
 
-def measure_size(lm, args, book: Path, text: str, size: int, store_dir: Path, files_dir: Path, row: dict, before: dict | None,
-                 save) -> None:
-    """Ingest the document of about `size` tokens, then time the four methods on it into `row`."""
+def _ingest(model: str, store_dir: Path, doc_id: str, doc_text: str, args, kept: dict | None) -> dict:
+    """Ingest one document by `model` into `store_dir`, timed; `kept`: the ingest a half-done run recorded."""
     from cagkit.ingest.pipeline import ingest_texts, remove
+
+    report = ingest_texts([(doc_id, doc_text)], store=store_dir, source=model, prefill="document",
+                          progress=False, device=args.device, dtype=args.dtype)
+    if doc_id in report.unchanged:
+        if kept:  # the half-done size's ingest, of this very document: keep it
+            return kept
+        # stored by a run that did not record its ingest: ingest it again to time it
+        remove([doc_id], store=store_dir)
+        report = ingest_texts([(doc_id, doc_text)], store=store_dir, source=model, prefill="document",
+                              progress=False, device=args.device, dtype=args.dtype)
+    if report.failed:
+        raise RuntimeError(f"ingest by {model} failed: {report.failed}")
+    return {"tokens": report.tokens, "chunks": report.chunks, "seconds": round(report.seconds, 3),
+            "tokens_per_s": round(report.tokens_per_s, 1)}
+
+
+def measure_size(lm, args, book: Path, text: str, size: int, store_dir: Path, files_dir: Path, row: dict, before: dict | None,
+                 save, source_dir: Path | None = None) -> None:
+    """Ingest the document of about `size` tokens (by the source too, with one), then time the methods on it into
+    `row`."""
+    from contextlib import ExitStack
+
     from cagkit.store.store import Store
 
     doc_text = opening(lm.tokenizer, text, size)
     doc_id = f"{book.stem}:{size}"
-    report = ingest_texts([(doc_id, doc_text)], store=store_dir, source=args.model, prefill="document",
-                          progress=False, device=args.device, dtype=args.dtype)
-    if doc_id in report.unchanged:
-        if before and before.get("ingest"):  # the half-done size's ingest, of this very document: keep it
-            row["ingest"] = before["ingest"]
-        else:  # stored by a run that did not record its ingest: ingest it again to time it
-            remove([doc_id], store=store_dir)
-            report = ingest_texts([(doc_id, doc_text)], store=store_dir, source=args.model, prefill="document",
-                                  progress=False, device=args.device, dtype=args.dtype)
-    if "ingest" not in row:
-        if report.failed:
-            raise RuntimeError(f"ingest failed: {report.failed}")
-        row["ingest"] = {"tokens": report.tokens, "chunks": report.chunks, "seconds": round(report.seconds, 3),
-                         "tokens_per_s": round(report.tokens_per_s, 1)}
+    row["ingest"] = _ingest(args.model, store_dir, doc_id, doc_text, args, (before or {}).get("ingest"))
+    if source_dir is not None:
+        row["source_ingest"] = _ingest(args.source, source_dir, doc_id, doc_text, args,
+                                       (before or {}).get("source_ingest"))
     row["characters"] = len(doc_text)
     save()
-    with Store.open(store_dir) as store:
+    with ExitStack() as stack:
+        store = stack.enter_context(Store.open(store_dir))
+        source_store = stack.enter_context(Store.open(source_dir)) if source_dir is not None else None
         entry = next(d for d in store.summary()["per_document"] if d["path"] == doc_id)
         row.update(document=doc_id, document_tokens=entry["tokens"], chunks=entry["chunks"],
                    prefill=entry["prefill"], window=entry["window"], store_kv_bytes=entry["kv_bytes"],
@@ -197,21 +240,24 @@ def measure_size(lm, args, book: Path, text: str, size: int, store_dir: Path, fi
         print(f"size {size}: {entry['tokens']} tokens, {entry['chunks']} chunks, ingest "
               f"{row['ingest']['seconds']:.1f} s ({row['ingest']['tokens_per_s']:.0f} tokens/s)", flush=True)
         timings_of = methods(lm, store, doc_id, args.question, files_dir / f"{size}.pt", row, before)
+        if source_store is not None:
+            timings_of[TRANSLATED] = translated(lm, source_store, doc_id, args.question, args.translator, row)
+        names = tuple(timings_of)
         save()
         rounds = []
         row["rounds"] = rounds
         for r in range(args.repeats + 1):  # round 0 is the warm-up, dropped
-            order = METHODS[r % len(METHODS):] + METHODS[: r % len(METHODS)]
+            order = names[r % len(names):] + names[: r % len(names)]
             done = {"warm_up": r == 0, "order": list(order), "loadavg": [round(x, 2) for x in os.getloadavg()]}
             for name in order:
                 if r == 0 and name == "native" and not getattr(args, "native_warm_up", True):
                     continue  # --no-native-warm-up
                 done[name] = timings_of[name]()
             rounds.append(done)
-            row.update(summarise(rounds))
+            row.update(summarise(rounds, names))
             save()
             print(f"size {size} round {r}{' (warm-up)' if r == 0 else ''}: "
-                  + ", ".join(f"{m} {done[m]['ttft_ms'] / 1e3:.2f} s" for m in METHODS if m in done), flush=True)
+                  + ", ".join(f"{m} {done[m]['ttft_ms'] / 1e3:.2f} s" for m in names if m in done), flush=True)
     (files_dir / f"{size}.pt").unlink(missing_ok=True)
 
 
@@ -255,6 +301,32 @@ def methods(lm, store, doc_id: str, question: str, saved: Path, row: dict, befor
     }
 
 
+def translated(lm, source_store, doc_id: str, question: str, kind: str, row: dict):
+    """The fifth way (`--source`): the source's stored KV of document `doc_id`, translated into `lm` by the `kind`
+    translator and placed whole, then the question; a function giving one run's record, as `methods`' are."""
+    from cagkit.ask import answer_from_chunks, choose_scope
+    from cagkit.config import AS_STORED
+    from cagkit.generation import context_room, prompt_parts
+    from cagkit.retrieval.search import retrieve
+
+    prefix, suffix = prompt_parts(lm, question)
+    hits = retrieve(source_store, question, TOP_K, documents=[doc_id])
+    placed, scope, left_out = choose_scope(source_store, hits, "document", context_room(lm, prefix, suffix, 1))
+    entry = next(d for d in source_store.summary()["per_document"] if d["path"] == doc_id)
+    if scope != "document" or left_out or len(placed) != entry["chunks"]:
+        raise RuntimeError(f"document scope placed {len(placed)} of the source's {entry['chunks']} chunks "
+                           f"({scope}, {left_out})")
+    row.update(source_document_tokens=entry["tokens"], source_chunks=entry["chunks"],
+               source_store_kv_bytes=entry["kv_bytes"])
+
+    def once() -> dict:
+        answer = answer_from_chunks(lm, source_store, placed, question, kind, 1, placement=AS_STORED,
+                                    scope="document")
+        return {**{k: round(v, 2) for k, v in answer.timings.items()}, "answer": answer.answer,
+                "context_tokens": answer.context_tokens, "mode": answer.mode}
+    return once
+
+
 @torch.no_grad()
 def save_cache(lm, ids: list[int], path: Path) -> dict:
     """hhhuang/CAG's `preprocess_knowledge` + `write_kv_cache`: prefill `ids` into a fresh DynamicCache and
@@ -294,20 +366,22 @@ def load_and_answer(lm, path: Path, suffix: list[int]) -> dict:
             "answer": lm.tokenizer.decode([token], skip_special_tokens=True).strip()}
 
 
-def summarise(rounds: list[dict]) -> dict:
+def summarise(rounds: list[dict], names: tuple[str, ...] = METHODS) -> dict:
     """Medians of the measured rounds (the warm-up round alone while it is all there is), ratios to native, and
     whether the first tokens agree."""
     measured = [r for r in rounds if not r["warm_up"]] or rounds
-    if any(m not in r for r in measured for m in METHODS):
+    if any(m not in r for r in measured for m in names):
         return {}  # only a warm-up round without native (--no-native-warm-up) so far
-    median = {m: statistics.median(r[m]["ttft_ms"] for r in measured) for m in METHODS}
-    parts = {m: {k: statistics.median(r[m][k] for r in measured) for k in ("load_ms", "prefill_ms")} for m in METHODS}
-    first = {m: rounds[-1][m]["answer"] for m in METHODS}
+    median = {m: statistics.median(r[m]["ttft_ms"] for r in measured) for m in names}
+    parts = {m: {k: statistics.median(r[m][k] for r in measured) for k in ("load_ms", "prefill_ms")} for m in names}
+    if TRANSLATED in names:
+        parts[TRANSLATED]["translate_ms"] = statistics.median(r[TRANSLATED]["translate_ms"] for r in measured)
+    first = {m: rounds[-1][m]["answer"] for m in names}
     return {
         "measured_rounds": len([r for r in rounds if not r["warm_up"]]),
         "ttft_ms": {m: round(v, 1) for m, v in median.items()},
         "parts_ms": parts,
-        "ratio_to_native": {m: round(median[m] / median["native"], 4) for m in ("stored", "torch_save", "select")},
+        "ratio_to_native": {m: round(median[m] / median["native"], 4) for m in names if m != "native"},
         "first_token": first,
         "stored_equals_native": all(r["stored"]["answer"] == r["native"]["answer"] for r in rounds if "native" in r),
         "stored_equals_torch_save": all(r["stored"]["answer"] == r["torch_save"]["answer"] for r in rounds),
@@ -336,9 +410,11 @@ def _command(args) -> str:
         parts += ["--dtype", args.dtype]
     if not getattr(args, "native_warm_up", True):
         parts += ["--no-native-warm-up"]
-    for option in ("text", "store", "out", "threads", "device"):
+    if getattr(args, "source", None):
+        parts += ["--source", args.source, "--translator", args.translator]
+    for option in ("text", "store", "source_store", "out", "threads", "device"):
         if getattr(args, option, None):
-            parts += [f"--{option}", str(getattr(args, option))]
+            parts += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     if args.question != DEFAULT_QUESTION:
         parts += ["--question", args.question]
     return shlex.join(parts)
@@ -348,11 +424,14 @@ def table(result: dict) -> str:
     """The results as a Markdown table, one row per size, with the run's conditions above it."""
     s = result["settings"]
     torch_version = s.get("torch") or result.get("machine", {}).get("torch", "?")
+    source = s.get("source")
+    extra = f" translated ({s['source']}, {s['translator']}) | translated/native | translate s |" if source else ""
     lines = [f"{s['target']} on {s['device']}, {s['threads']} threads, torch {torch_version}: first-token time "
              f"(s), median of {s['repeats']} after a warm-up", "",
              "| tokens | native | stored | torch.save | select | stored/native | torch.save/native | select/native | "
-             "same first token (stored = native, = torch.save) | store KV MB | torch.save MB | ingest tokens/s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "same first token (stored = native, = torch.save) | store KV MB | torch.save MB | ingest tokens/s |"
+             + extra,
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|" + ("---:|---:|---:|" if source else "")]
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['size']} | error: {r['error'][:80]} |")
@@ -367,6 +446,8 @@ def table(result: dict) -> str:
             f"{q['select']:.3f} | {r['stored_equals_native']}, {r['stored_equals_torch_save']} "
             f"({r['first_token']['native']!r}) | {r['store_kv_bytes'] / 1e6:.1f} | "
             f"{r['torch_save']['bytes'] / 1e6:.1f} | {r['ingest']['tokens_per_s']:.0f} |"
+            + (f" {t[TRANSLATED] / 1e3:.3f} | {q[TRANSLATED]:.4f} | "
+               f"{r['parts_ms'][TRANSLATED]['translate_ms'] / 1e3:.3f} |" if source and TRANSLATED in t else "")
             + (" partial" if r.get("partial") else ""))
     return "\n".join(lines)
 
@@ -396,6 +477,8 @@ def plot(result: dict, path: Path) -> None:
     axes = figure.add_subplot(1, 1, 1)
     styles = {"native": ("native prefill", "o--", "C3"), "stored": ("cagkit stored (document scope)", "o-", "C0"),
               "torch_save": ("torch.save DynamicCache", "s-.", "C2"), "select": ("select (top-4 chunks)", "^:", "C1")}
+    if s.get("source"):
+        styles[TRANSLATED] = (f"translated from {s['source']} ({s['translator']})", "D-", "C4")
     xs = [r["document_tokens"] for r in rows]
     for method, (label, style, colour) in styles.items():
         axes.plot(xs, [r["ttft_ms"][method] / 1e3 for r in rows], style, color=colour, label=label)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from cagkit.cli import main
 
@@ -76,12 +77,51 @@ def test_a_half_done_size_keeps_its_torch_save_file_and_native_can_skip_the_warm
     assert "--no-native-warm-up" in result["settings"]["command"] and result["settings"]["complete"]
 
 
+def test_a_source_model_adds_the_translated_way_timed_beside_the_four(tiny_llama, tiny_gemma, tmp_path,
+                                                                     monkeypatch, capsys):
+    """With --source, the source ingests the document too and its KV, translated into --model, is a fifth way:
+    timed in the same rounds, with the translation's time among its parts, in the file, the table and the page."""
+    from cagkit.translate.translator import Translator, TranslatorConfig, TranslatorNet, translator_path
+
+    monkeypatch.setenv("CAGKIT_TRANSLATORS", str(tmp_path / "translators"))
+    torch.manual_seed(0)
+    net = TranslatorNet(TranslatorConfig.for_models("linear", tiny_llama, tiny_gemma))
+    Translator(net, tiny_llama.fingerprint, tiny_gemma.fingerprint, {}).save(
+        translator_path("tiny-llama", "tiny-gemma", "linear"))
+    text = tmp_path / "book.txt"
+    text.write_text(TEXT)
+    out, page = tmp_path / "bench.json", tmp_path / "bench.md"
+    args = ["bench", "--model", "tiny-gemma", "--source", "tiny-llama", "--translator", "linear", "--sizes", "64",
+            "--repeats", "1", "--text", str(text), "--store", str(tmp_path / "st"), "--source-store",
+            str(tmp_path / "src"), "--out", str(out), "--plot", str(tmp_path / "bench.png"), "--report", str(page),
+            "--threads", "1"]
+    assert main(args) == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    s = result["settings"]
+    assert s["source"] == "tiny-llama" and s["translator"] == "linear" and len(s["translator_sha256"]) == 16
+    assert set(row["ttft_ms"]) == {"native", "stored", "select", "torch_save", "translated"}
+    assert all("translated" in r for r in row["rounds"]) and row["rounds"][1]["translated"]["mode"] == "linear"
+    assert row["parts_ms"]["translated"]["translate_ms"] > 0 and row["ratio_to_native"]["translated"] > 0
+    assert row["source_ingest"]["tokens"] > 0 and row["source_store_kv_bytes"] > 0 and row["stored_equals_native"]
+    assert "--source tiny-llama --translator linear" in s["command"]
+    assert "translated (tiny-llama, linear)" in page.read_text() and (tmp_path / "bench.png").stat().st_size > 0
+    capsys.readouterr()
+    # the same file cannot be resumed with another source or none; a missing checkpoint says how to get one
+    assert main([a for a in args if a not in ("--source", "tiny-llama", "--translator", "linear")]) == 2
+    assert "holds a run with source 'tiny-llama', not None" in capsys.readouterr().err
+    assert main([*args[:args.index("--out")], "--out", str(tmp_path / "other.json"), "--translator", "mot"]) == 2
+    err = capsys.readouterr().err
+    assert "no mot translator from tiny-llama to tiny-gemma" in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("extra,words", [
     (["--sizes", "a,b"], "--sizes 'a,b': give document tokens as whole numbers"),
     (["--sizes", "8"], "each size must be at least 16 tokens"),
     (["--repeats", "0"], "--repeats must be 1 or more"),
     (["--text", "/nowhere/book.txt"], "text /nowhere/book.txt not found; pass --text FILE"),
     (["--replot", "--out", "/nowhere/r.json"], "/nowhere/r.json does not exist"),
+    (["--source", "tiny-llama"], "--source tiny-llama is --model itself"),
 ])
 def test_bad_bench_options_are_one_line_errors(extra, words, capsys):
     assert main(["bench", "--model", "tiny-llama", *extra]) == 2
