@@ -229,6 +229,14 @@ TRANSLATED_15_R14 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r14.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
 JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
 DOC_QWEN_15_INT8 = "document-caches/squad_v2-qwen-1.5b-doc-int8.json"  # an int8 copy of qwen-1.5b's SQuAD store
+# smollm2's store of the same paragraphs read by qwen and by gemma through the shipped translators, 100 questions
+FROM_SMOLLM2_QWEN = "document-caches/hotpotqa-smollm2-qwen-doc.json"
+FROM_SMOLLM2_GEMMA = "document-caches/hotpotqa-smollm2-gemma-doc.json"
+# qwen's store read by qwen-1.5b through the ridge with 30% of the sentences recomputed by the question's rule, and
+# select at that share: the same 60 questions
+QUESTION30 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-question30.json:linear+question"
+SELECT30 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-select30.json:select@chunks"
+TRANSLATED_TTFT = "bench-qwen-qwen-1.5b-translated.json"  # `cagkit bench --source qwen`, 4k tokens, one round
 TTFT_15 = "document-ttft-qwen-1.5b.json"  # `cagkit bench` of qwen-1.5b, 512 to 16k tokens
 
 SENTENCES = {
@@ -282,6 +290,31 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"{quality(QUESTION30.split(':')[0], 'linear+question')}, "
+                f"{difference(TRANSLATED_15, QUESTION30, 'select@chunks')} against select at its default share, "
+                f"closing {gap(TRANSLATED_15, QUESTION30, 'select@chunks', JOINED + ':native')} of native's lead",
+        lambda: f"scored {quality(SELECT30.split(':')[0], 'select@chunks')}, and the translated rest beside those "
+                f"sentences is {difference(TRANSLATED_15, QUESTION30, SELECT30)} against it",
+        lambda: f"stored KV of a {_bench_row(TRANSLATED_TTFT, 4091)['document_tokens']:,}-token document translated "
+                f"and placed whole gave qwen-1.5b's first token at {bench_ratio(TRANSLATED_TTFT, 4091, 'translated')} "
+                f"of native prefill's ({_bench_row(TRANSLATED_TTFT, 4091)['parts_ms']['translated']['translate_ms'] / 1e3:.3f}"
+                f" s of it the translation), against {bench_ratio(TRANSLATED_TTFT, 4091, 'stored')} for qwen-1.5b's own "
+                f"stored cache; qwen's ingest of the document took "
+                f"{_bench_row(TRANSLATED_TTFT, 4091)['source_ingest']['seconds']:.0f} s against qwen-1.5b's "
+                f"{_bench_row(TRANSLATED_TTFT, 4091)['ingest']['seconds']:.0f} s",
+        lambda: f"the MoT {quality(FROM_SMOLLM2_QWEN, 'mot')} F1 and ridge {quality(FROM_SMOLLM2_QWEN, 'linear')} "
+                f"against select's {quality(FROM_SMOLLM2_QWEN, 'select')} in the same run (MoT − select "
+                f"{difference(FROM_SMOLLM2_QWEN, 'mot', 'select', 'commas')}; ridge − select "
+                f"{difference(FROM_SMOLLM2_QWEN, 'linear', 'select', 'commas')}), below no context "
+                f"({quality(FROM_SMOLLM2_QWEN, 'none')}) too",
+        lambda: f"the MoT {quality(FROM_SMOLLM2_GEMMA, 'mot')} and ridge {quality(FROM_SMOLLM2_GEMMA, 'linear')} "
+                f"against select's {quality(FROM_SMOLLM2_GEMMA, 'select')} (MoT − select "
+                f"{difference(FROM_SMOLLM2_GEMMA, 'mot', 'select', 'commas')}; ridge − select "
+                f"{difference(FROM_SMOLLM2_GEMMA, 'linear', 'select', 'commas')}); no context "
+                f"{quality(FROM_SMOLLM2_GEMMA, 'none')}",
+        lambda: f"(qwen's own native, `hotpotqa-qwen-doc.json`: "
+                f"{difference(FROM_SMOLLM2_QWEN, JOINED_QWEN + ':native', 'select', 'commas')}; gemma's: "
+                f"{difference(FROM_SMOLLM2_GEMMA, JOINED_GEMMA + ':native', 'select', 'commas')})",
         lambda: f"native {quality(JOINED_QWEN, 'native')}, select {quality(JOINED_QWEN, 'select@chunks')}, no context "
                 f"{quality(JOINED_QWEN, 'none')}, the join as stored {quality(JOINED_QWEN, 'stored')} (stored − select "
                 f"{difference(JOINED_QWEN, 'stored', 'select@chunks', 'commas')}; native − select "
