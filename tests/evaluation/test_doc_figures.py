@@ -79,6 +79,24 @@ def _bench_row(page: str, tokens: int) -> dict:
     return next(r for r in json.loads((RESULTS / page).read_text())["rows"] if r["document_tokens"] == tokens)
 
 
+def over_the_questions_of(file: str, method: str, other: str) -> str:
+    """`method`'s mean quality in `file` over only the questions `other` (`FILE:METHOD`) answered: a longer run's
+    score on a shorter run's questions."""
+    def records(name: str, m: str) -> list[dict]:
+        return json.loads((RESULTS / name).read_text())["methods"][m]["examples"]
+    ids = {r["id"] for r in records(*other.split(":"))}
+    mine = [r for r in records(file, method) if r["id"] in ids]
+    return f"{sum(float(r['correct'] if 'correct' in r else r['f1']) for r in mine) / len(mine):.3f}"
+
+
+def card(name: str, *keys: str) -> str:
+    """A held-out score from a translator's card in docs/results/designs, to two decimals: `0.81`."""
+    value = json.loads((RESULTS / "designs" / f"{name}.card.json").read_text())["heldout"]
+    for key in keys:
+        value = value[key]
+    return f"{value:.2f}"
+
+
 def bench_ratio(page: str, tokens: int, method: str, digits: int = 4) -> str:
     """A `cagkit bench` results file's median first token of `method` over native's, at the size of `tokens`."""
     return f"{_bench_row(page, tokens)['ratio_to_native'][method]:.{digits}f}"
@@ -237,6 +255,11 @@ FROM_SMOLLM2_GEMMA = "document-caches/hotpotqa-smollm2-gemma-doc.json"
 QUESTION30 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-question30.json:linear+question"
 SELECT30 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-select30.json:select@chunks"
 TRANSLATED_TTFT = "bench-qwen-qwen-1.5b-translated.json"  # `cagkit bench --source qwen`, 4k tokens, one round
+# qwen's QuALITY stories read by qwen-1.5b through the ridge and the MoT fitted on 1k-token passages, 40 questions
+STORIES_TRANSLATED = "document-caches/quality-qwen-qwen-1.5b-doc.json:linear"
+STORIES_TRANSLATED_MOT = "document-caches/quality-qwen-qwen-1.5b-doc-mot.json:mot"
+# the MoT fitted on the same 1k-token passages: as placed, and with 30% recomputed by the question's rule
+TRANSLATED_MOT = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-mot.json"
 TTFT_15 = "document-ttft-qwen-1.5b.json"  # `cagkit bench` of qwen-1.5b, 512 to 16k tokens
 
 SENTENCES = {
@@ -290,6 +313,19 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"translated, {quality(TRANSLATED_MOT, 'mot-placed')} F1, "
+                f"{difference(TRANSLATED_15, TRANSLATED_MOT + ':mot-placed', 'linear')} over the ridge and "
+                f"{difference(TRANSLATED_15, TRANSLATED_MOT + ':mot-placed', 'select@chunks')} against select",
+        lambda: f"with the question's sentences recomputed at 30%, {quality(TRANSLATED_MOT, 'mot+question')}, "
+                f"{difference(SELECT30.split(':')[0], TRANSLATED_MOT + ':mot+question', 'select@chunks')} against "
+                f"select at that",
+        lambda: f"the ridge {quality(STORIES_TRANSLATED.split(':')[0], 'linear')} accuracy and the MoT "
+                f"{quality(STORIES_TRANSLATED_MOT.split(':')[0], 'mot')} against select's "
+                f"{over_the_questions_of(STORIES_15, 'select@chunks', STORIES_TRANSLATED)} "
+                f"(ridge − select {difference(STORIES_15, STORIES_TRANSLATED, 'select@chunks', 'commas')}; MoT − "
+                f"select {difference(STORIES_15, STORIES_TRANSLATED_MOT, 'select@chunks', 'commas')}), where "
+                f"qwen-1.5b's own stored stories scored {over_the_questions_of(STORIES_15, 'stored', STORIES_TRANSLATED)} "
+                f"and no context {over_the_questions_of(STORIES_15, 'none', STORIES_TRANSLATED)}",
         lambda: f"{quality(QUESTION30.split(':')[0], 'linear+question')}, "
                 f"{difference(TRANSLATED_15, QUESTION30, 'select@chunks')} against select at its default share, "
                 f"closing {gap(TRANSLATED_15, QUESTION30, 'select@chunks', JOINED + ':native')} of native's lead",
@@ -302,6 +338,8 @@ SENTENCES = {
                 f"stored cache; qwen's ingest of the document took "
                 f"{_bench_row(TRANSLATED_TTFT, 4091)['source_ingest']['seconds']:.0f} s against qwen-1.5b's "
                 f"{_bench_row(TRANSLATED_TTFT, 4091)['ingest']['seconds']:.0f} s",
+        lambda: "native's (\"{translated}\" against \"{native}\")".format(
+            **_bench_row(TRANSLATED_TTFT, 4091)["first_token"]),
         lambda: f"the MoT {quality(FROM_SMOLLM2_QWEN, 'mot')} F1 and ridge {quality(FROM_SMOLLM2_QWEN, 'linear')} "
                 f"against select's {quality(FROM_SMOLLM2_QWEN, 'select')} in the same run (MoT − select "
                 f"{difference(FROM_SMOLLM2_QWEN, 'mot', 'select', 'commas')}; ridge − select "
@@ -606,6 +644,16 @@ SENTENCES = {
                 f"the same answer on {same_across(DOC_QWEN_15_INT4, DOC_QWEN_15, 'stored')}",
     ],
     "docs/translators.md": [
+        lambda: f"it recovers {card('qwen__qwen-1.5b-mot-1k', 'recovery', 'translated')} of the loss gap on next "
+                f"text (the ridge {card('qwen__qwen-1.5b-linear-1k-refit', 'recovery', 'translated')}) and "
+                f"{card('qwen__qwen-1.5b-mot-1k', 'recall', 'kl_recovery', 'translated')} of the KL gap on recall "
+                f"(the ridge {card('qwen__qwen-1.5b-linear-1k-refit', 'recall', 'kl_recovery', 'translated')}), where "
+                f"qwen-1.5b with its bottom 14 layers its own and the rest from the ridge reaches "
+                f"{card('qwen__qwen-1.5b-linear-1k-refit', 'recall', 'kl_recovery', 'native_bottom_14')}",
+        lambda: f"HotpotQA at document scope {quality(TRANSLATED_MOT, 'mot-placed')} F1 placed as translated (the "
+                f"ridge {quality(TRANSLATED_15, 'linear')}, select {quality(TRANSLATED_15, 'select@chunks')}) and "
+                f"{quality(TRANSLATED_MOT, 'mot+question')} with 30% of the sentences recomputed",
+        lambda: f"QuALITY {quality(STORIES_TRANSLATED_MOT.split(':')[0], 'mot')}, as the ridge",
         lambda: f"{quality(DESIGN_ONE_CHUNK_15, 'oracle')} F1 against {quality(DESIGN_ONE_CHUNK_15, 'none')} (the first "
                 f"200 SQuAD v2 questions, top-1)",
         lambda: f"its chunk placed as translated scores {quality(DESIGN_ONE_CHUNK_15, 'mot-placed')}, "
