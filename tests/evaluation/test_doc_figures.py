@@ -313,6 +313,9 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"scored {quality(SELECT30.split(':')[0], 'select@chunks')} over the first 60 questions. Against it, the "
+                f"join as stored is {difference(SELECT30.split(':')[0], JOINED + ':stored', 'select@chunks')} and 30% "
+                f"recomputed by CacheBlend's rule {difference(SELECT30.split(':')[0], BLEND30, 'select@chunks')}",
         lambda: f"translated, {quality(TRANSLATED_MOT, 'mot-placed')} F1, "
                 f"{difference(TRANSLATED_15, TRANSLATED_MOT + ':mot-placed', 'linear')} over the ridge and "
                 f"{difference(TRANSLATED_15, TRANSLATED_MOT + ':mot-placed', 'select@chunks')} against select",
