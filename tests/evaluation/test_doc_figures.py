@@ -313,6 +313,10 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"(30% − 15% of the sentences "
+                f"{difference(TRANSLATED_15, SELECT30, 'select@chunks', 'commas')}, the same 60 questions)",
+        lambda: f"`--target qwen`: {quality('document-caches/hotpotqa-qwen-doc-select30.json', 'select@chunks')}, "
+                f"{difference(JOINED_QWEN, 'document-caches/hotpotqa-qwen-doc-select30.json:select@chunks', 'select@chunks', 'commas')},",
         lambda: f"scored {quality(SELECT30.split(':')[0], 'select@chunks')} over the first 60 questions. Against it, the "
                 f"join as stored is {difference(SELECT30.split(':')[0], JOINED + ':stored', 'select@chunks')} and 30% "
                 f"recomputed by CacheBlend's rule {difference(SELECT30.split(':')[0], BLEND30, 'select@chunks')}",
