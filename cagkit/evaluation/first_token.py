@@ -69,11 +69,6 @@ from cagkit.bench import write_results
 DEFAULT_QUESTION = "Who is the eminent criminologist whose consulting-rooms lay along the sea-front at Scarborough?"
 METHODS = ("native", "stored", "select", "torch_save")
 TRANSLATED = "translated"  # the fifth way, with --source
-
-
-def methods_of(settings: dict) -> tuple[str, ...]:
-    """The ways a run times: the four, and `translated` when it names a source model."""
-    return METHODS + ((TRANSLATED,) if settings.get("source") else ())
 TOP_K = 4  # the select control's retrieved chunks, as `cagkit ask`'s default top-k
 # A sentence ends after . ! or ? (and any closing quotes or brackets) before whitespace; a paragraph at a blank line.
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)|\n\s*\n")
