@@ -102,6 +102,9 @@ def bench(args) -> dict:
             raise CagkitError(f"--sizes {args.sizes!r}: give document tokens as whole numbers, e.g. 1024,4096") from None
         if not sizes or sizes[0] < 16:
             raise CagkitError(f"--sizes {args.sizes!r}: each size must be at least 16 tokens")
+        if getattr(args, "source", None) == args.model:
+            raise CagkitError(f"--source {args.source} is --model itself, whose own store `stored` reads already; "
+                              f"name another model to time a translated store")
         text = Path(args.text) if args.text else default_text()
         if not text.is_file():
             raise CagkitError(f"text {text} not found; pass --text FILE (any long UTF-8 text), or set $CAGKIT_DATA "
@@ -124,9 +127,6 @@ def run(args, sizes: list[int], out: Path, book: Path) -> dict:
     suffix = "" if args.dtype == "float16" else f"-{args.dtype}"
     store_dir = Path(args.store or f"results/stores/bench/{args.model}{suffix}")
     source = getattr(args, "source", None)
-    if source == args.model:
-        raise CagkitError(f"--source {source} is --model itself, whose own store `stored` reads already; name "
-                          f"another model to time a translated store")
     source_dir = Path(getattr(args, "source_store", None) or f"results/stores/bench/{source}{suffix}") if source else None
     files_dir = Path("results/bench-files") / args.model  # the torch.save baseline's files, removed per size
     lm = load_model(args.model, args.device)
