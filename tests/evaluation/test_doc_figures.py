@@ -260,6 +260,7 @@ STORIES_TRANSLATED = "document-caches/quality-qwen-qwen-1.5b-doc.json:linear"
 STORIES_TRANSLATED_MOT = "document-caches/quality-qwen-qwen-1.5b-doc-mot.json:mot"
 # the MoT fitted on the same 1k-token passages: as placed, and with 30% recomputed by the question's rule
 TRANSLATED_MOT = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-mot.json"
+SQUAD_TRANSLATED_15 = "document-caches/squad_v2-qwen-qwen-1.5b-doc.json"  # qwen's SQuAD store, the same two, 30 q
 TTFT_15 = "document-ttft-qwen-1.5b.json"  # `cagkit bench` of qwen-1.5b, 512 to 16k tokens
 
 SENTENCES = {
@@ -313,6 +314,11 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"translators scored {quality(SQUAD_TRANSLATED_15, 'linear')} (ridge) and "
+                f"{quality(SQUAD_TRANSLATED_15, 'mot')} (MoT) F1 against select's "
+                f"{over_the_questions_of(DOC_QWEN_15, 'select@chunks', SQUAD_TRANSLATED_15 + ':linear')} (ridge − select "
+                f"{difference(DOC_QWEN_15, SQUAD_TRANSLATED_15 + ':linear', 'select@chunks', 'commas')}; MoT − select "
+                f"{difference(DOC_QWEN_15, SQUAD_TRANSLATED_15 + ':mot', 'select@chunks', 'commas')})",
         lambda: f"(30% − 15% of the sentences "
                 f"{difference(TRANSLATED_15, SELECT30, 'select@chunks', 'commas')}, the same 60 questions)",
         lambda: f"`--target qwen`: {quality('document-caches/hotpotqa-qwen-doc-select30.json', 'select@chunks')}, "
