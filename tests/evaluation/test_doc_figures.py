@@ -314,6 +314,9 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"select at 30% scored {quality('document-caches/squad_v2-qwen-1.5b-select30.json', 'select@chunks')}, "
+                f"{difference(DOC_QWEN_15, 'document-caches/squad_v2-qwen-1.5b-select30.json:select@chunks', 'select@chunks')} "
+                f"over its 15%",
         lambda: f"translators scored {quality(SQUAD_TRANSLATED_15, 'linear')} (ridge) and "
                 f"{quality(SQUAD_TRANSLATED_15, 'mot')} (MoT) F1 against select's "
                 f"{over_the_questions_of(DOC_QWEN_15, 'select@chunks', SQUAD_TRANSLATED_15 + ':linear')} (ridge − select "
