@@ -228,7 +228,7 @@ def measure_size(lm, args, book: Path, text: str, size: int, store_dir: Path, fi
     with ExitStack() as stack:
         store = stack.enter_context(Store.open(store_dir))
         source_store = stack.enter_context(Store.open(source_dir)) if source_dir is not None else None
-        entry = next(d for d in store.summary()["per_document"] if d["path"] == doc_id)
+        entry = _entry(store, doc_id)
         row.update(document=doc_id, document_tokens=entry["tokens"], chunks=entry["chunks"],
                    prefill=entry["prefill"], window=entry["window"], store_kv_bytes=entry["kv_bytes"],
                    store_dtype=store.settings.dtype)
@@ -260,17 +260,11 @@ def methods(lm, store, doc_id: str, question: str, saved: Path, row: dict, befor
     """The four ways to the first token on document `doc_id`, each a function giving one run's
     {"ttft_ms", "answer", ...}; builds the torch.save baseline's file (recorded in `row`) on the way, or keeps the
     one a half-done run of this size left (`before`, its record) when it holds the same tokens and bytes."""
-    from cagkit.ask import answer_from_chunks, choose_scope
     from cagkit.config import AS_STORED, Placement
-    from cagkit.generation import context_room, prompt_parts
-    from cagkit.retrieval.search import retrieve
+    from cagkit.generation import prompt_parts
 
     prefix, suffix = prompt_parts(lm, question)
-    hits = retrieve(store, question, TOP_K, documents=[doc_id])
-    room = context_room(lm, prefix, suffix, 1)
-    placed, scope, left_out = choose_scope(store, hits, "document", room)
-    if scope != "document" or left_out or len(placed) != row["chunks"]:
-        raise RuntimeError(f"document scope placed {len(placed)} of {row['chunks']} chunks ({scope}, {left_out})")
+    hits, placed = _placed_whole(lm, store, doc_id, question, row["chunks"])
     row["select_chunks"] = sorted(h.idx for h in hits)
     document_ids = [t for ids in store.token_ids([h.chunk_id for h in placed]) for t in ids]
     row["prompt_tokens"] = len(prefix) + len(document_ids) + len(suffix)
@@ -281,17 +275,10 @@ def methods(lm, store, doc_id: str, question: str, saved: Path, row: dict, befor
     else:
         row["torch_save"] = save_cache(lm, prefix + document_ids, saved)
 
-    def cagkit(mode: str, hits, placement, scope: str):
-        def once() -> dict:
-            answer = answer_from_chunks(lm, store, hits, question, mode, 1, placement=placement, scope=scope)
-            return {**{k: round(v, 2) for k, v in answer.timings.items()}, "answer": answer.answer,
-                    "context_tokens": answer.context_tokens, "mode": answer.mode}
-        return once
-
     return {
-        "native": cagkit("native", placed, AS_STORED, "document"),
-        "stored": cagkit("stored", placed, AS_STORED, "document"),
-        "select": cagkit("select", hits, Placement(), "chunks"),
+        "native": _timed(lm, store, placed, question, "native", AS_STORED, "document"),
+        "stored": _timed(lm, store, placed, question, "stored", AS_STORED, "document"),
+        "select": _timed(lm, store, hits, question, "select", Placement(), "chunks"),
         "torch_save": lambda: load_and_answer(lm, saved, suffix),
     }
 
@@ -299,24 +286,41 @@ def methods(lm, store, doc_id: str, question: str, saved: Path, row: dict, befor
 def translated(lm, source_store, doc_id: str, question: str, kind: str, row: dict):
     """The fifth way (`--source`): the source's stored KV of document `doc_id`, translated into `lm` by the `kind`
     translator and placed whole, then the question; a function giving one run's record, as `methods`' are."""
-    from cagkit.ask import answer_from_chunks, choose_scope
     from cagkit.config import AS_STORED
+
+    entry = _entry(source_store, doc_id)
+    _, placed = _placed_whole(lm, source_store, doc_id, question, entry["chunks"])
+    row.update(source_document_tokens=entry["tokens"], source_chunks=entry["chunks"],
+               source_store_kv_bytes=entry["kv_bytes"])
+    return _timed(lm, source_store, placed, question, kind, AS_STORED, "document")
+
+
+def _entry(store, doc_id: str) -> dict:
+    """The store's summary of document `doc_id` (tokens, chunks, KV bytes, ...)."""
+    return next(d for d in store.summary()["per_document"] if d["path"] == doc_id)
+
+
+def _placed_whole(lm, store, doc_id: str, question: str, chunks: int) -> tuple[list, list]:
+    """The question's top hits in document `doc_id` of `store`, and the chunks placed for them at document scope,
+    which must be all `chunks` of the document."""
+    from cagkit.ask import choose_scope
     from cagkit.generation import context_room, prompt_parts
     from cagkit.retrieval.search import retrieve
 
-    prefix, suffix = prompt_parts(lm, question)
-    hits = retrieve(source_store, question, TOP_K, documents=[doc_id])
-    placed, scope, left_out = choose_scope(source_store, hits, "document", context_room(lm, prefix, suffix, 1))
-    entry = next(d for d in source_store.summary()["per_document"] if d["path"] == doc_id)
-    if scope != "document" or left_out or len(placed) != entry["chunks"]:
-        raise RuntimeError(f"document scope placed {len(placed)} of the source's {entry['chunks']} chunks "
+    hits = retrieve(store, question, TOP_K, documents=[doc_id])
+    placed, scope, left_out = choose_scope(store, hits, "document", context_room(lm, *prompt_parts(lm, question), 1))
+    if scope != "document" or left_out or len(placed) != chunks:
+        raise RuntimeError(f"document scope placed {len(placed)} of {chunks} chunks of {store.path} "
                            f"({scope}, {left_out})")
-    row.update(source_document_tokens=entry["tokens"], source_chunks=entry["chunks"],
-               source_store_kv_bytes=entry["kv_bytes"])
+    return hits, placed
+
+
+def _timed(lm, store, hits, question: str, mode: str, placement, scope: str):
+    """One way to the first token through `answer_from_chunks`: a function giving one run's record."""
+    from cagkit.ask import answer_from_chunks
 
     def once() -> dict:
-        answer = answer_from_chunks(lm, source_store, placed, question, kind, 1, placement=AS_STORED,
-                                    scope="document")
+        answer = answer_from_chunks(lm, store, hits, question, mode, 1, placement=placement, scope=scope)
         return {**{k: round(v, 2) for k, v in answer.timings.items()}, "answer": answer.answer,
                 "context_tokens": answer.context_tokens, "mode": answer.mode}
     return once

@@ -48,9 +48,7 @@ def bytes_per_value(dtype: str, layers: int) -> float:
     """The bytes a key or value takes, on average, in the store's `dtype` for a model of `layers` layers: a float
     dtype's own size; compressed, the codes and the float16 scale and minimum of each group of 64, and int4's
     refined layers' second key codes."""
-    if dtype not in QUANT_BITS:
-        return KV_DTYPES[dtype]
-    size = QUANT_BITS[dtype] / 8 + 4 / 64
+    size = KV_DTYPES[dtype]  # codes, and the scale and minimum of each group
     if dtype == "int4":
         size += min(REFINED_KEY_LAYERS, layers) / layers * 0.5 / 2  # half a byte a key, none a value
     return size
