@@ -258,6 +258,12 @@ TRANSLATED_TTFT = "bench-qwen-qwen-1.5b-translated.json"  # `cagkit bench --sour
 # qwen's QuALITY stories read by qwen-1.5b through the ridge and the MoT fitted on 1k-token passages, 40 questions
 STORIES_TRANSLATED = "document-caches/quality-qwen-qwen-1.5b-doc.json:linear"
 STORIES_TRANSLATED_MOT = "document-caches/quality-qwen-qwen-1.5b-doc-mot.json:mot"
+# smollm2's store of the paragraphs read by qwen-1.5b through a ridge fitted on 1k-token passages, 60 questions
+FROM_SMOLLM2_15 = "document-caches/hotpotqa-smollm2-qwen-1.5b-doc.json"
+# and smollm2's store of QuALITY's stories read by qwen-1.5b (the same ridge), qwen and gemma, 40 questions
+STORIES_FROM_SMOLLM2_15 = "document-caches/quality-smollm2-qwen-1.5b-doc.json"
+STORIES_FROM_SMOLLM2_QWEN = "document-caches/quality-smollm2-qwen-doc.json"
+STORIES_FROM_SMOLLM2_GEMMA = "document-caches/quality-smollm2-gemma-doc.json"
 # the MoT fitted on the same 1k-token passages: as placed, and with 30% recomputed by the question's rule
 TRANSLATED_MOT = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-mot.json"
 SQUAD_TRANSLATED_15 = "document-caches/squad_v2-qwen-qwen-1.5b-doc.json"  # qwen's SQuAD store, the same two, 30 q
@@ -314,6 +320,35 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"the MoT {quality(STORIES_FROM_SMOLLM2_GEMMA, 'mot')} and the ridge "
+                f"{quality(STORIES_FROM_SMOLLM2_GEMMA, 'linear')} against select's "
+                f"{quality(STORIES_FROM_SMOLLM2_GEMMA, 'select@chunks')} (MoT − select "
+                f"{difference(STORIES_FROM_SMOLLM2_GEMMA, 'mot', 'select@chunks', 'commas')}; ridge − select "
+                f"{difference(STORIES_FROM_SMOLLM2_GEMMA, 'linear', 'select@chunks', 'commas')}), no context "
+                f"{quality(STORIES_FROM_SMOLLM2_GEMMA, 'none')}",
+        lambda: f"the ridge {quality(STORIES_FROM_SMOLLM2_15, 'linear')} accuracy against select's "
+                f"{quality(STORIES_FROM_SMOLLM2_15, 'select@chunks')}, "
+                f"{difference(STORIES_FROM_SMOLLM2_15, 'linear', 'select@chunks')}, and no context "
+                f"{quality(STORIES_FROM_SMOLLM2_15, 'none')}: the same as qwen's store through its ridge "
+                f"({quality(STORIES_TRANSLATED.split(':')[0], 'linear')}, above)",
+        lambda: f"qwen-1.5b's own stored stories scored "
+                f"{over_the_questions_of(STORIES_15, 'stored', STORIES_FROM_SMOLLM2_15 + ':linear')} on these questions",
+        lambda: f"the MoT {quality(STORIES_FROM_SMOLLM2_QWEN, 'mot')} and the ridge "
+                f"{quality(STORIES_FROM_SMOLLM2_QWEN, 'linear')} against select's "
+                f"{quality(STORIES_FROM_SMOLLM2_QWEN, 'select@chunks')} (MoT − select "
+                f"{difference(STORIES_FROM_SMOLLM2_QWEN, 'mot', 'select@chunks', 'commas')}; ridge − select "
+                f"{difference(STORIES_FROM_SMOLLM2_QWEN, 'linear', 'select@chunks', 'commas')}), no context "
+                f"{quality(STORIES_FROM_SMOLLM2_QWEN, 'none')} too",
+        lambda: f"joined as translated, {quality(FROM_SMOLLM2_15, 'linear')} F1 against select's "
+                f"{quality(FROM_SMOLLM2_15, 'select@chunks')} in the same run, "
+                f"{difference(FROM_SMOLLM2_15, 'linear', 'select@chunks')}, and no better than no context "
+                f"({quality(FROM_SMOLLM2_15, 'none')}), closing {gap(FROM_SMOLLM2_15, 'linear', 'select@chunks', JOINED + ':native')}"
+                f" of native's lead over select",
+        lambda: f"leads select by {difference(FROM_SMOLLM2_15, JOINED + ':native', 'select@chunks', 'commas')}, on these",
+        lambda: f"CacheBlend's repair of 15% of the tokens, {quality(FROM_SMOLLM2_15, 'linear+deviation')}, "
+                f"{difference(FROM_SMOLLM2_15, 'linear+deviation', 'select@chunks')} against select, closing "
+                f"{gap(FROM_SMOLLM2_15, 'linear+deviation', 'select@chunks', JOINED + ':native')}",
+        lambda: f"translated ({over_the_questions_of(TRANSLATED_15, 'linear', FROM_SMOLLM2_15 + ':linear')} over the same",
         lambda: f"select at 30% scored {quality('document-caches/squad_v2-qwen-1.5b-select30.json', 'select@chunks')}, "
                 f"{difference(DOC_QWEN_15, 'document-caches/squad_v2-qwen-1.5b-select30.json:select@chunks', 'select@chunks')} "
                 f"over its 15%",
