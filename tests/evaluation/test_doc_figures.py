@@ -244,6 +244,9 @@ TRANSLATED_15 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc.json"
 # the same with qwen-1.5b prefilling its bottom 2 or 14 layers of each paragraph (--recompute-layers), 30 questions
 TRANSLATED_15_R2 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r2.json"
 TRANSLATED_15_R14 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r14.json"
+# K = 7 and 21, the same 30 questions, through the ridge refitted on the same passages
+TRANSLATED_15_R7 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r7.json"
+TRANSLATED_15_R21 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r21.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
 JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
 DOC_QWEN_15_INT8 = "document-caches/squad_v2-qwen-1.5b-doc-int8.json"  # an int8 copy of qwen-1.5b's SQuAD store
@@ -320,6 +323,12 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"K = 7, {quality(TRANSLATED_15_R7, 'linear')}, "
+                f"{difference(TRANSLATED_15, TRANSLATED_15_R7 + ':linear', 'linear')} over translated throughout and "
+                f"{difference(TRANSLATED_15, TRANSLATED_15_R7 + ':linear', 'select@chunks')} against select; K = 21",
+        lambda: f"own, {quality(TRANSLATED_15_R21, 'linear')}, no better than K = 14 and "
+                f"{difference(TRANSLATED_15, TRANSLATED_15_R21 + ':linear', 'select@chunks')} against select, where "
+                f"native (K = 28) scores {over_the_questions_of(JOINED, 'native', TRANSLATED_15_R21 + ':linear')} on these",
         lambda: f"the MoT {quality(STORIES_FROM_SMOLLM2_GEMMA, 'mot')} and the ridge "
                 f"{quality(STORIES_FROM_SMOLLM2_GEMMA, 'linear')} against select's "
                 f"{quality(STORIES_FROM_SMOLLM2_GEMMA, 'select@chunks')} (MoT − select "
