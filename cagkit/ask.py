@@ -33,7 +33,7 @@ from cagkit.kv.place import place_chunks
 from cagkit.kv.prefill import prefix_cache
 from cagkit.kv.repair import blend as blend_chunks
 from cagkit.kv.rope import RotaryTables
-from cagkit.kv.selection import question_order, start_priority
+from cagkit.kv.selection import question_order
 from cagkit.kv.warm import WarmCaches, WarmContext, cache_bytes
 from cagkit.models.device import synchronize
 from cagkit.models.loading import LoadedModel, load_model
@@ -386,21 +386,7 @@ def repair(lm: LoadedModel, source: PlacedSource, chunks: list[StoredChunk], kvs
         offsets = [_token_offsets(lm, c, chunk_ids) for c, chunk_ids in zip(chunks, ids)]
         priority = question_order(question, [c.text for c in chunks], offsets, [c.sentences for c in chunks],
                                   vector)
-    elif placement.blend_select == "initial":
-        priority = start_priority(_pieces(chunks), [kv.num_tokens for kv in kvs])
     return blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
-
-
-def _pieces(chunks: list[StoredChunk]) -> list[int]:
-    """Each placed chunk's piece: the chunks of one document read whole and placed one after another continue one
-    cache (one piece); every other chunk was prefilled apart, after its own copy of the prompt prefix."""
-    pieces, piece = [], -1
-    for before, c in zip([None, *chunks], chunks):
-        continues = (before is not None and c.context is not None and before.context is not None
-                     and (c.doc_path, c.idx) == (before.doc_path, before.idx + 1))
-        piece += not continues
-        pieces.append(piece)
-    return pieces
 
 
 def place(lm: LoadedModel, prefix_ids: list[int], kvs: list[ChunkKV], tables: RotaryTables) -> DynamicCache:

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", default=",".join(DEFAULT_EVAL_METHODS),
                    help=f"comma-separated, of {', '.join(EVAL_METHODS)}, each optionally with its own scope, as "
                         "native@chunks, and those that place stored KV with their own repair, as "
-                        "stored+initial (default: %(default)s)")
+                        "stored+deviation (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="chunks to retrieve (default: %(default)s)")
     p.add_argument("--full-context", action="store_true", help="give every method the whole context, no retrieval")

@@ -114,7 +114,7 @@ def run_eval(
         target: the model that answers (every method but `source`).
         methods: any of `cagkit.config.EVAL_METHODS` (native, none, select, source, stored, linear, projector,
             mot, mot-placed, oracle), each optionally with its own scope, as `native@chunks` (`scope` otherwise),
-            and those that place KV with their own repair, as `stored+initial` (the module's docstring).
+            and those that place KV with their own repair, as `stored+deviation` (the module's docstring).
         limit: the first `limit` questions only (all if None).
         top_k: chunks retrieved per question, from that question's own documents.
         full_context: give every method all chunks of the question's documents instead of retrieving.
@@ -198,8 +198,8 @@ def run_eval(
             own = _placement(m, placement)
             if not blend_given and (_own_scope(m) or scope) == "document" and own.blend and not _own_repair(m):
                 own = replace(own, blend=default_blend(_mode(m), "document")).effective()
-            if own != placement:
-                about[m]["placement"] = own.settings()
+            if own != placement or _own_repair(m):  # a named repair is always recorded: at document scope the
+                about[m]["placement"] = own.settings()  # run's settings alone read as placed as stored
             if _own_scope(m):
                 about[m]["scope"] = _own_scope(m)
         errors = {m: e for m in methods if (e := _method_problem(_base(m), models[m], st, placement))}
@@ -427,7 +427,7 @@ def _check_methods(methods: list[str]) -> list[str]:
 
 
 def _base(method: str) -> str:
-    """A method without its own repair or scope: `native@chunks` -> `native`, `stored+initial` -> `stored`."""
+    """A method without its own repair or scope: `native@chunks` -> `native`, `stored+deviation` -> `stored`."""
     return method.split("@", 1)[0].split("+", 1)[0]
 
 
@@ -453,7 +453,7 @@ def _mode(method: str) -> str:
 
 def _placement(method: str, placement: Placement) -> Placement:
     """The placement a method answers with: the run's, except `mot-placed`, which never blends, and a method
-    with its own repair (`stored+initial`): the run's blend, or `Placement.blend` where the run's is 0."""
+    with its own repair (`stored+deviation`): the run's blend, or `Placement.blend` where the run's is 0."""
     if _base(method) == "mot-placed":
         return replace(placement, blend=0.0).effective()
     if select := _own_repair(method):

@@ -27,22 +27,6 @@ def top_tokens(order: torch.Tensor, ratio: float) -> torch.Tensor:
     return torch.topk(order, budget(ratio, len(order))).indices.sort().values
 
 
-def start_priority(pieces: list[int], sizes: list[int]) -> torch.Tensor:
-    """[sum(sizes)] an order that takes the first tokens of every piece before any piece's later ones (EPIC): a
-    token's rank is its position in its piece. `sizes`: the placed chunks' token counts; `pieces`: each chunk's
-    piece (chunks that continue one another in one cache share a piece). Ties go to the earlier piece."""
-    order, position, previous = [], 0, None
-    for piece, size in zip(pieces, sizes, strict=True):
-        position = 0 if piece != previous else position
-        order.append(torch.arange(position, position + size, dtype=torch.float64))
-        position += size
-        previous = piece
-    if not order:
-        return torch.zeros(0, dtype=torch.float64)
-    ranks = torch.cat(order)
-    return -(ranks + torch.arange(len(ranks), dtype=torch.float64) / (len(ranks) + 1))
-
-
 def token_sentences(spans, token_spans) -> torch.Tensor:
     """[T] the index of the sentence (of char `spans` [S, 2]) holding each token's last character (of char
     `token_spans` [T, 2]), so " The" opens its sentence; -1 for a token in no sentence (whitespace between them)."""

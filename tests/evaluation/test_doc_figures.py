@@ -246,6 +246,8 @@ TRANSLATED_15_R2 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r2.json"
 TRANSLATED_15_R14 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r14.json"
 # K = 7 and 21, the same 30 questions, through the ridge refitted on the same passages
 TRANSLATED_15_R7 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r7.json"
+# the three repair rules at 30% with qwen-1.5b's own caches, and select at that share, one run, 60 questions
+RULES30 = "document-caches/hotpotqa-qwen-1.5b-doc-rules30.json"
 TRANSLATED_15_R21 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r21.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
 JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
@@ -323,6 +325,22 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"gave the earlier runs' answers on {same_across(RULES30, SELECT30.split(':')[0], 'select@chunks')} "
+                f"each): CacheBlend's deviation {quality(RULES30, 'stored+deviation')}, EPIC's first tokens of each "
+                f"document {quality(RULES30, 'stored+initial')}, the question's sentences "
+                f"{quality(RULES30, 'stored+question')}, select at that share {quality(RULES30, 'select@chunks')}",
+        lambda: f"beats the join as stored beyond noise ({difference(JOINED, RULES30 + ':stored+deviation', 'stored', 'commas')}; "
+                f"EPIC {difference(JOINED, RULES30 + ':stored+initial', 'stored', 'commas')}; the question's sentences "
+                f"{difference(JOINED, RULES30 + ':stored+question', 'stored', 'commas')})",
+        lambda: f"within noise of native ({difference(JOINED, RULES30 + ':stored+deviation', 'native', 'commas')}; EPIC "
+                f"{difference(JOINED, RULES30 + ':stored+initial', 'native', 'commas')}; the question's sentences "
+                f"{difference(JOINED, RULES30 + ':stored+question', 'native', 'commas')}); EPIC against the deviation "
+                f"{difference(RULES30, 'stored+initial', 'stored+deviation')}",
+        lambda: f"(repair medians {_median_seconds(RULES30, 'stored+initial', 'repair_ms_median'):.1f} to "
+                f"{_median_seconds(RULES30, 'stored+deviation', 'repair_ms_median'):.1f} s in this run; select at 30% "
+                f"answered at {_median_seconds(RULES30, 'select@chunks') / _median_seconds(RULES30, 'stored+deviation'):.2f}"
+                f" of the deviation's first",
+        lambda: f"the earlier runs' answers on {same_across(RULES30, BLEND30.split(':')[0], 'stored+deviation')} each",
         lambda: f"K = 7, {quality(TRANSLATED_15_R7, 'linear')}, "
                 f"{difference(TRANSLATED_15, TRANSLATED_15_R7 + ':linear', 'linear')} over translated throughout and "
                 f"{difference(TRANSLATED_15, TRANSLATED_15_R7 + ':linear', 'select@chunks')} against select; K = 21",

@@ -407,7 +407,7 @@ def test_a_results_file_from_before_scope_resumes_only_at_chunk_scope():
 
 
 def test_methods_name_their_own_repair_side_by_side(models, tmp_path, monkeypatch):
-    """`stored+initial` and `stored+deviation@document` recompute the default share by their own rule beside
+    """`stored+question` and `stored+deviation@document` recompute the default share by their own rule beside
     `stored`, which places two documents cached apart as stored (blend 0 at document scope), in one run; the
     report takes `select@chunks` as the run's control."""
     from cagkit.evaluation.report import _section
@@ -415,7 +415,7 @@ def test_methods_name_their_own_repair_side_by_side(models, tmp_path, monkeypatc
     data = tmp_path / "two.jsonl"
     data.write_text(json.dumps({"id": "q1", "question": "Where does the Seine flow?", "answers": ["Paris"],
                                 "documents": [PARIS, "The Nile is a long river in Africa. It flows north."]}) + "\n")
-    methods = ["stored", "stored+initial", "stored+deviation@document", "select@chunks"]
+    methods = ["stored", "stored+question", "stored+deviation@document", "select@chunks"]
     ask_module = importlib.import_module("cagkit.ask")  # the package's `ask` is the function
     blends = []  # (ratio, priority given) of every repair the answers ran
     real = ask_module.blend_chunks
@@ -426,15 +426,16 @@ def test_methods_name_their_own_repair_side_by_side(models, tmp_path, monkeypatc
     got = run["methods"]
     assert run["complete"] and all(got[m]["n"] == 1 for m in methods)
     assert got["stored"]["placement"]["blend"] == 0
-    for method, select in (("stored+initial", "initial"), ("stored+deviation@document", "deviation")):
+    for method, select in (("stored+question", "question"), ("stored+deviation@document", "deviation")):
         assert got[method]["placement"]["blend"] == 0.15 and got[method]["placement"]["blend_select"] == select
         assert got[method]["examples"][0]["scope"] == "document"
-    # stored placed the two documents as stored; initial ranked tokens by position, deviation by the layer-1 error
+    # stored placed the two documents as stored; question ranked tokens by sentence, deviation by the layer-1 error
     assert blends == [(0.15, True), (0.15, False)]
     command = run["command"].split()
     assert set(command[command.index("--methods") + 1].split(",")) == set(methods)
     assert "| stored | " in "\n".join(_section(run)) and "− select@chunks (95% CI)" in "\n".join(_section(run))
-    for wrong, says in (("native+initial", r"drop the \+initial"), ("stored+bogus", r"\+question or \+deviation")):
+    for wrong, says in (("native+question", r"drop the \+question"), ("stored+bogus", r"\+question or \+deviation"),
+                        ("stored+initial", r"\+question or \+deviation")):  # EPIC's rule, removed
         with pytest.raises(CagkitError, match=says):
             runner._check_methods([wrong])
 

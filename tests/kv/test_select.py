@@ -114,27 +114,3 @@ def test_select_refuses_placements_it_cannot_choose_by(tiny_llama, tmp_path, cap
                  *options]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fix in err[0]
-
-
-def test_start_priority_takes_every_pieces_first_tokens_first():
-    from cagkit.kv.selection import start_priority, top_tokens
-
-    # three pieces: a document read whole and placed as two chunks (3 + 2 tokens), a chunk alone (4), another (1)
-    order = start_priority([0, 0, 1, 2], [3, 2, 4, 1])
-    assert order.shape == (10,)
-    chosen = top_tokens(order, 0.3).tolist()  # 3 tokens: the first of each piece
-    assert chosen == [0, 5, 9]
-    assert top_tokens(order, 0.6).tolist() == [0, 1, 2, 5, 6, 9]  # then the second of each, then the earlier third
-    assert start_priority([], []).shape == (0,)
-
-
-def test_the_pieces_of_placed_chunks_follow_their_caches():
-    from types import SimpleNamespace as C
-
-    from cagkit.ask import _pieces
-
-    ctx = (0, 5, 4096, 4)
-    chunks = [C(doc_path="a", idx=0, context=ctx), C(doc_path="a", idx=1, context=ctx),  # one cache
-              C(doc_path="a", idx=3, context=ctx),  # a gap: placed apart from idx 1
-              C(doc_path="b", idx=0, context=None), C(doc_path="b", idx=1, context=None)]  # prefilled alone
-    assert _pieces(chunks) == [0, 0, 1, 2, 3]
