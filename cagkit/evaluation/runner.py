@@ -198,8 +198,9 @@ def run_eval(
             own = _placement(m, placement)
             if not blend_given and (_own_scope(m) or scope) == "document" and own.blend and not _own_repair(m):
                 own = replace(own, blend=default_blend(_mode(m), "document")).effective()
-            if own != placement or _own_repair(m):  # a named repair is always recorded: at document scope the
-                about[m]["placement"] = own.settings()  # run's settings alone read as placed as stored
+            # a named repair is always recorded: at document scope the run's settings alone read as stored
+            if own != placement or _own_repair(m):
+                about[m]["placement"] = own.settings()
             if _own_scope(m):
                 about[m]["scope"] = _own_scope(m)
         errors = {m: e for m in methods if (e := _method_problem(_base(m), models[m], st, placement))}
