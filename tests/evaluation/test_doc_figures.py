@@ -248,6 +248,8 @@ TRANSLATED_15_R14 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r14.json"
 TRANSLATED_15_R7 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r7.json"
 # the three repair rules at 30% with qwen-1.5b's own caches, and select at that share, one run, 60 questions
 RULES30 = "document-caches/hotpotqa-qwen-1.5b-doc-rules30.json"
+# qwen's own chunks of SQuAD placed apart, repaired by CacheBlend's rule instead of the question's, 60 questions
+CHUNKS_DEVIATION = "document-caches/squad_v2-qwen-doc-chunks-deviation.json"
 TRANSLATED_15_R21 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r21.json"
 # int8 and int4 copies of qwen-1.5b's HotpotQA store (`store migrate --dtype`), `stored` over the first 60 questions
 JOINED_INT8, JOINED_INT4 = "document-caches/hotpotqa-qwen-1.5b-doc-int8.json", "document-caches/hotpotqa-qwen-1.5b-doc-int4.json"
@@ -325,6 +327,12 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"select gave the same answers on {same_across(CHUNKS_DEVIATION, DOC_QWEN_MORE, 'select@chunks')}): "
+                f"{quality(CHUNKS_DEVIATION, 'stored+deviation@chunks')} against the question's rule's "
+                f"{over_the_questions_of(DOC_QWEN_MORE, 'stored@chunks', CHUNKS_DEVIATION + ':select@chunks')} on those "
+                f"questions, {difference(DOC_QWEN_MORE, CHUNKS_DEVIATION + ':stored+deviation@chunks', 'stored@chunks')}, "
+                f"and {difference(CHUNKS_DEVIATION, 'stored+deviation@chunks', 'select@chunks')} against select's "
+                f"{quality(CHUNKS_DEVIATION, 'select@chunks')}",
         lambda: f"gave the earlier runs' answers on {same_across(RULES30, SELECT30.split(':')[0], 'select@chunks')} "
                 f"each): CacheBlend's deviation {quality(RULES30, 'stored+deviation')}, EPIC's first tokens of each "
                 f"document {quality(RULES30, 'stored+initial')}, the question's sentences "
