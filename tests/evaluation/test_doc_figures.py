@@ -298,6 +298,7 @@ SENTENCES = {
         lambda: f"scores lower ({quality(SQUAD_GEMMA_16, 'mot')} against {quality(SQUAD_GEMMA_16, 'select')})",
     ],
     "docs/placement.md": [
+        lambda: f"(at 30% {difference(RULES30, 'stored+initial', 'stored+deviation', 'commas')})",
         lambda: f"placed as translated scored {quality(QUALITY_QWEN_GEMMA_16, 'mot-placed')} against select's "
                 f"{quality(QUALITY_QWEN_GEMMA_16, 'select')} and answered sooner "
                 f"({seconds(QUALITY_QWEN_GEMMA_16, 'mot-placed')} against {seconds(QUALITY_QWEN_GEMMA_16, 'select')} s)",
