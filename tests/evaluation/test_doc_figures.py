@@ -41,10 +41,10 @@ def _median_seconds(file: str, method: str, key: str = "ttft_ms_median") -> floa
     return json.loads((RESULTS / file).read_text())["methods"][method][key] / 1e3
 
 
-def seconds(file: str, method: str, key: str = "ttft_ms_median") -> str:
-    """A method's median time to first token (or, by `key`, of its repair: `repair_ms_median`) in seconds, as the
-    report's frontier table writes it."""
-    return f"{_median_seconds(file, method, key):.2f}"
+def seconds(file: str, method: str, key: str = "ttft_ms_median", digits: int = 2) -> str:
+    """A method's median time to first token (or, by `key`, of its repair: `repair_ms_median`) in seconds, to two
+    decimals as the report's frontier table writes it (or `digits`)."""
+    return f"{_median_seconds(file, method, key):.{digits}f}"
 
 
 def times(file: str, method: str, baseline: str) -> str:
@@ -52,9 +52,9 @@ def times(file: str, method: str, baseline: str) -> str:
     return f"{_median_seconds(file, method) / _median_seconds(file, baseline):.1f}"
 
 
-def ratio(file: str, method: str, baseline: str) -> str:
-    """The method's median first token as a share of the baseline's, to three decimals: `0.016`."""
-    return f"{_median_seconds(file, method) / _median_seconds(file, baseline):.3f}"
+def ratio(file: str, method: str, baseline: str, digits: int = 3) -> str:
+    """The method's median first token as a share of the baseline's, to three decimals (or `digits`): `0.016`."""
+    return f"{_median_seconds(file, method) / _median_seconds(file, baseline):.{digits}f}"
 
 
 def same_answers(file: str, method: str, baseline: str) -> str:
@@ -345,10 +345,9 @@ SENTENCES = {
                 f"{difference(JOINED, RULES30 + ':stored+initial', 'native', 'commas')}; the question's sentences "
                 f"{difference(JOINED, RULES30 + ':stored+question', 'native', 'commas')}); EPIC against the deviation "
                 f"{difference(RULES30, 'stored+initial', 'stored+deviation')}",
-        lambda: f"(repair medians {_median_seconds(RULES30, 'stored+initial', 'repair_ms_median'):.1f} to "
-                f"{_median_seconds(RULES30, 'stored+deviation', 'repair_ms_median'):.1f} s in this run; select at 30% "
-                f"answered at {_median_seconds(RULES30, 'select@chunks') / _median_seconds(RULES30, 'stored+deviation'):.2f}"
-                f" of the deviation's first",
+        lambda: f"(repair medians {seconds(RULES30, 'stored+initial', 'repair_ms_median', 1)} to "
+                f"{seconds(RULES30, 'stored+deviation', 'repair_ms_median', 1)} s in this run; select at 30% "
+                f"answered at {ratio(RULES30, 'select@chunks', 'stored+deviation', 2)} of the deviation's first",
         lambda: f"the earlier runs' answers on {same_across(RULES30, BLEND30.split(':')[0], 'stored+deviation')} each",
         lambda: f"K = 7, {quality(TRANSLATED_15_R7, 'linear')}, "
                 f"{difference(TRANSLATED_15, TRANSLATED_15_R7 + ':linear', 'linear')} over translated throughout and "
