@@ -22,7 +22,6 @@ from cagkit.config import (
     DEFAULT_STORE,
     DEFAULT_TOP_K,
     DOCUMENT_BUDGET,
-    GRADUAL_TAPER,
     SCOPES,
     Placement,
 )
@@ -111,7 +110,7 @@ def ask(
             document scope, where each document was prefilled whole, and 0.15 for chunks; with `select` always
             0.15 unless given: the share of the context tokens whose sentences the target reads.
         blend_select: which tokens the blend recomputes: `question` (the sentences most similar to the
-            question), `deviation` (CacheBlend's choice) or `gradual` (CacheBlend's choice narrowing layer by layer).
+            question) or `deviation` (CacheBlend's choice).
         device: where the target runs: `auto` (default, or `$CAGKIT_DEVICE`: CUDA when there is a GPU), `cpu`,
             `cuda` or `cuda:N`. Stored and translated KV is moved there as it is placed.
         retrieval: how the chunks are ranked: `hybrid` (default: the embedding's and BM25's rankings fused),
@@ -387,8 +386,7 @@ def repair(lm: LoadedModel, source: PlacedSource, chunks: list[StoredChunk], kvs
         offsets = [_token_offsets(lm, c, chunk_ids) for c, chunk_ids in zip(chunks, ids)]
         priority = question_order(question, [c.text for c in chunks], offsets, [c.sentences for c in chunks],
                                   vector)
-    gradual = {"taper": GRADUAL_TAPER} if placement.blend_select == "gradual" else {}
-    return blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority, **gradual)
+    return blend_chunks(lm.model, prefix_ids, kvs, ids, placement.blend, tables, priority)
 
 
 def place(lm: LoadedModel, prefix_ids: list[int], kvs: list[ChunkKV], tables: RotaryTables) -> DynamicCache:

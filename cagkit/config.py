@@ -59,8 +59,7 @@ DOCUMENT_BUDGET = 32768
 # `cagkit eval`: the methods compared when none are named, and the longest answer (QA answers are short spans)
 DEFAULT_EVAL_METHODS = ("native", "none", "select", "source", "linear", "projector", "mot")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 24
-BLEND_SELECT = ("question", "deviation", "gradual")
-GRADUAL_TAPER = 0.5  # `gradual`: the share recomputed falls from 1.5 to 0.5 times the blend, bottom to top
+BLEND_SELECT = ("question", "deviation")
 
 
 @dataclass(frozen=True)
@@ -73,11 +72,10 @@ class Placement:
         retrieved chunks (`cagkit.kv.repair`), after prefilling its bottom two layers over them jointly; it restores
         the cross-chunk attention that chunks stored one at a time never had. 0 = off, 1 = a joint prefill.
     blend_select: which tokens `blend` recomputes: `question` (whole sentences, most similar to the question
-        first), `deviation` (those whose layer-1 KV differs most from the joint prefill, as CacheBlend) or
-        `gradual` (CacheBlend's gradual filtering: `deviation`'s choice at 1.5 times the share, narrowed at each
-        layer to the tokens whose recomputed KV there deviates most, down to half the share at the top layer).
-        (EPIC's `initial`, every piece's first tokens, lost to `deviation` on the joins and was removed; results
-        files from before still name it: `describe` labels them.)
+        first) or `deviation` (those whose layer-1 KV differs most from the joint prefill, as CacheBlend).
+        (EPIC's `initial`, every piece's first tokens, lost to `deviation` on the joins and was removed, and so
+        was `gradual`, CacheBlend's gradual filtering, no better than `deviation` at the same share; results files
+        from before still name them: `describe` labels them.)
 
     The defaults (15% of the tokens, chosen by the question) are what the measurements in docs/placement.md
     support for question answering: without them translated chunks carry the gist but not the exact spans.
@@ -117,7 +115,7 @@ class Placement:
         if self.recompute_layers:
             parts.append(f"recompute layers {self.recompute_layers}")
         if self.blend:
-            parts.append(f"blend {self.blend:g}" + {"question": " by question",  # initial: a removed rule's runs
+            parts.append(f"blend {self.blend:g}" + {"question": " by question",  # initial, gradual: removed rules
                                                      "initial": " at each piece's start",
                                                      "gradual": " narrowing"}.get(self.blend_select, ""))
         return "".join(f", {p}" for p in parts)

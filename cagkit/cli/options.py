@@ -41,9 +41,8 @@ def add_placement_options(p: argparse.ArgumentParser) -> None:
                         "for select, whose share of the context it is)")
     p.add_argument("--blend-select", default=Placement.blend_select, metavar="{" + ",".join(BLEND_SELECT) + "}",
                    help="which tokens --blend recomputes: whole sentences, most similar to the question first "
-                        "(question), those whose KV deviates most from a joint prefill of the bottom layers "
-                        "(deviation, CacheBlend's choice), or deviation's choice narrowed layer by layer to the "
-                        "tokens that still deviate most, the same share on average (gradual) (default: %(default)s)")
+                        "(question), or those whose KV deviates most from a joint prefill of the bottom layers "
+                        "(deviation, CacheBlend's choice) (default: %(default)s)")
 
 
 def add_scope_option(p: argparse.ArgumentParser) -> None:

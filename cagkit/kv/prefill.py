@@ -32,14 +32,6 @@ def prefill_kv(model, input_ids: list[int], tables: RotaryTables | None = None, 
     the mask still limits), so nothing of a long chunk is dropped. With `layers`, only the bottom `layers` layers
     run (a partial prefill costs about layers / L of a full one) and only their KV is returned.
     """
-    return prefill_kv_hidden(model, input_ids, tables, layers)[0]
-
-
-@torch.no_grad()
-def prefill_kv_hidden(model, input_ids: list[int], tables: RotaryTables | None = None, layers: int | None = None
-                      ) -> tuple[ChunkKV, torch.Tensor]:
-    """`prefill_kv`, and the hidden states [1, T, hidden] the top layer run (of `layers`, or of every layer,
-    before the final norm) hands on, from which a later pass can continue the same tokens upwards."""
     tables = tables or RotaryTables(model)
     device = model_device(model)
     ids = torch.tensor([input_ids], dtype=torch.long, device=device)
@@ -48,23 +40,21 @@ def prefill_kv_hidden(model, input_ids: list[int], tables: RotaryTables | None =
     total = len(decoder.layers)
     if layers is not None and layers < 1:
         raise ValueError(f"a partial prefill needs at least one layer, got {layers}")
-    top = min(layers, total) if layers is not None else total
-    handed_on = []
-
-    def stop(_module, _args, output):
-        handed_on.append(output[0] if isinstance(output, tuple) else output)
-        if top < total:
+    hook = None
+    if layers is not None and layers < total:
+        def stop(*_):
             raise _StopForward
 
-    hook = decoder.layers[top - 1].register_forward_hook(stop)
+        hook = decoder.layers[layers - 1].register_forward_hook(stop)
     try:
         decoder(input_ids=ids, cache=cache, use_cache=True)
     except _StopForward:
         pass
     finally:
-        hook.remove()
+        if hook is not None:
+            hook.remove()
     keys, values = _rope_free(cache, tables, len(input_ids), device)
-    return ChunkKV(keys[0], values[0]), handed_on[0]
+    return ChunkKV(keys[0], values[0])
 
 
 def _rope_free(cache: DynamicCache, tables: RotaryTables, length: int, device, start: int = 0

@@ -27,16 +27,14 @@ it, so where attention dominates (long contexts on a CPU) ratio 0.5 takes about 
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers import DynamicCache
 
 from cagkit.kv.attention import ROUTABLE, RUNS_KEYWORD, QueryRuns, route_query_runs
 from cagkit.kv.chunk import ChunkKV
-from cagkit.kv.prefill import copy_prefix, prefill_kv_hidden, shared_prefix
+from cagkit.kv.prefill import copy_prefix, prefill_kv
 from cagkit.kv.rope import RotaryTables, apply_rope, remove_rope
-from cagkit.kv.selection import budget, top_tokens
+from cagkit.kv.selection import top_tokens
 from cagkit.models.architecture import decoder_stack, layer_types
 from cagkit.models.device import model_device
 
@@ -47,7 +45,7 @@ ATTENTION = ("auto", "runs", "mask")
 @torch.no_grad()
 def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[list[int]], ratio: float,
           tables: RotaryTables | None = None, priority: torch.Tensor | None = None,
-          attention: str = "auto", taper: float = 0.0) -> list[ChunkKV]:
+          attention: str = "auto") -> list[ChunkKV]:
     """`chunks` (placed in this order after `prefix_ids`) with a `ratio` share of their tokens recomputed over the
     whole context, and their bottom layers prefilled jointly. `chunk_ids`: each chunk's token ids in `model`'s
     vocabulary, one per KV position. ratio 0 returns `chunks` unchanged; ratio 1 equals a joint prefill.
@@ -55,13 +53,7 @@ def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[l
     `cagkit.kv.selection.question_priority`; either way `cagkit.kv.selection.budget` says how many are taken.
     `attention`: how the recomputed tokens attend: `runs` (each run of consecutive positions through
     `cagkit.kv.attention`), `mask` (one dense mask, for eager or SDPA attention) or `auto` (runs where the
-    model's attention allows them, else the mask).
-    `taper` (0 to 1): CacheBlend's gradual filtering: the share recomputed narrows layer by layer, from
-    `ratio * (1 + taper)` of the tokens at the first layer above the joint ones to `ratio * (1 - taper)` at the
-    top, the same `ratio` on average; at each layer the tokens kept on are those whose KV there deviates most
-    from the placed KV. 0: the same tokens through every layer, in one forward pass."""
-    if not 0.0 <= taper <= 1.0:
-        raise ValueError(f"the taper must be between 0 and 1, got {taper}")
+    model's attention allows them, else the mask)."""
     if attention not in ATTENTION:
         raise ValueError(f"unknown repair attention {attention!r}; use {', '.join(ATTENTION)}")
     if not 0.0 <= ratio <= 1.0:
@@ -81,7 +73,7 @@ def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[l
     ids = list(prefix_ids) + [t for c in chunk_ids for t in c]
 
     joint_layers = min(JOINT_LAYERS, num_layers)
-    joint, hidden = prefill_kv_hidden(model, ids, tables, layers=joint_layers)
+    joint = prefill_kv(model, ids, tables, layers=joint_layers)
     joint_k, joint_v = joint.keys[:, start:], joint.values[:, start:]
     top = joint_layers - 1
     deviation = _relative_error(keys[top], joint_k[top]) + _relative_error(values[top], joint_v[top])
@@ -90,12 +82,6 @@ def blend(model, prefix_ids: list[int], chunks: list[ChunkKV], chunk_ids: list[l
     if priority is not None and priority.shape != (total,):
         raise ValueError(f"priority has shape {tuple(priority.shape)}, expected ({total},): one per context token")
     order = deviation if priority is None else priority.to(device)  # own precision: ties are broken by tiny steps
-    if taper and joint_layers < num_layers:
-        counts = taper_counts(ratio, taper, total, num_layers - joint_layers)
-        chosen = torch.topk(order, counts[0]).indices.sort().values
-        _recompute_gradual(model, ids, start, keys, values, hidden[0, start:], chosen, counts, joint_layers,
-                           tables, attention)
-        return [ChunkKV(k, v) for k, v in zip(keys.split(sizes, dim=1), values.split(sizes, dim=1))]
     chosen = top_tokens(order, ratio)  # chunk-relative indices
     if joint_layers < num_layers:
         new_k, new_v = _recompute(model, ids, start, ChunkKV(keys, values), chosen, tables, attention)
@@ -168,82 +154,6 @@ def _recompute(model, ids: list[int], start: int, placed: ChunkKV, chosen: torch
         keys.append(remove_rope(k, cos, sin))
         values.append(cached.values[0, :, context:].transpose(0, 1).float())
     return torch.stack(keys), torch.stack(values)
-
-
-def taper_counts(ratio: float, taper: float, total: int, layers: int) -> list[int]:
-    """How many of `total` tokens each of `layers` recomputed layers takes under `blend`'s `taper`: shares
-    falling linearly from ratio * (1 + taper) to ratio * (1 - taper) (each at most 1), never rising, at least one."""
-    if layers == 1:
-        return [budget(ratio, total)]
-    counts = [budget(min(1.0, ratio * (1 + taper * (1 - 2 * j / (layers - 1)))), total) for j in range(layers)]
-    for j in range(1, layers):
-        counts[j] = min(counts[j], counts[j - 1])
-    return counts
-
-
-def _layer_rope(decoder, layer: int, hidden: torch.Tensor, position_ids: torch.Tensor):
-    """The rotary (cos, sin) layer `layer` of `decoder` takes at `position_ids`, for models with one rotary
-    module for every layer and for those (Gemma 3) with one per layer type."""
-    rotary = decoder.rotary_emb
-    if "layer_type" in inspect.signature(rotary.forward).parameters:
-        return rotary(hidden, position_ids, layer_types(decoder.config)[layer])
-    return rotary(hidden, position_ids)
-
-
-def _recompute_gradual(model, ids: list[int], start: int, keys: torch.Tensor, values: torch.Tensor,
-                       hidden: torch.Tensor, chosen: torch.Tensor, counts: list[int], first: int,
-                       tables: RotaryTables, attention: str = "auto") -> None:
-    """Gradual filtering: layers `first`.. of the context's RoPE-free `keys`/`values` [L, M, H, D] recomputed in
-    place, layer by layer, for the tokens still kept on: `chosen` (indices after the prefix, whose hidden states
-    entering layer `first` are `hidden` [M, hidden]) at layer `first`, then at each layer the `counts[j + 1]`
-    of them whose new KV deviates most from the placed KV, the others keeping what was placed above."""
-    decoder = decoder_stack(model)
-    implementation = runs_implementation(model) if attention != "mask" else None
-    if attention == "runs" and implementation is None:
-        raise ValueError(f"the repair cannot attend in runs through {decoder.config._attn_implementation!r} "
-                         "attention or with logit soft-capping; use attention='mask'")
-    if implementation is not None:
-        route_query_runs(implementation)
-    dtype = next(model.parameters()).dtype
-    device = model_device(model)
-    prefix = shared_prefix(model, ids[:start])
-    types = layer_types(decoder.config)
-    total = keys.shape[1]
-    state = hidden[chosen][None].to(dtype)  # [1, S, hidden]
-    cache = DynamicCache()  # config-less; each layer's entries are written just before it runs
-    placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
-    for j, layer in enumerate(range(first, keys.shape[0])):
-        kept = torch.ones(total, dtype=torch.bool, device=device)
-        kept[chosen] = False
-        kept_positions = kept.nonzero().flatten() + start
-        positions = chosen + start
-        cos, sin = tables(layer, kept_positions)
-        k = apply_rope(keys[layer, kept].float(), cos, sin).transpose(0, 1)[None].to(dtype)
-        v = values[layer, kept].transpose(0, 1)[None].to(dtype)
-        if start:
-            held = prefix.layers[layer]
-            k, v = torch.cat([held.keys, k], dim=2), torch.cat([held.values, v], dim=2)
-        cache.update(k, v, layer)
-        context = k.shape[2]
-        key_pos = torch.cat([torch.arange(start, device=device), kept_positions, positions])
-        if implementation is not None:
-            extra = {"attention_mask": placeholder, RUNS_KEYWORD: QueryRuns.of(key_pos, positions)}
-        else:
-            mask = _dense_mask(model, positions, key_pos)
-            extra = {"attention_mask": mask[types[layer]] if isinstance(mask, dict) else mask}
-        out = decoder.layers[layer](state, position_embeddings=_layer_rope(decoder, layer, state, positions[None]),
-                                    position_ids=positions[None], cache=cache, use_cache=True, **extra)
-        state = out[0] if isinstance(out, tuple) else out
-        held = cache.layers[layer]
-        cos, sin = tables(layer, positions)
-        new_k = remove_rope(held.keys[0, :, context:].transpose(0, 1).float(), cos, sin)  # [S, H, D]
-        new_v = held.values[0, :, context:].transpose(0, 1).float()
-        change = _relative_error(keys[layer, chosen], new_k) + _relative_error(values[layer, chosen], new_v)
-        keys[layer, chosen], values[layer, chosen] = new_k, new_v
-        held.keys, held.values = held.keys[..., :0, :], held.values[..., :0, :]  # this layer is done with
-        if j + 1 < len(counts) and counts[j + 1] < len(chosen):
-            keep = torch.topk(change, counts[j + 1]).indices.sort().values
-            chosen, state = chosen[keep], state[:, keep]
 
 
 def _dense_mask(model, positions: torch.Tensor, key_pos: torch.Tensor):

@@ -583,6 +583,10 @@ def test_compare_pairs_questions_across_results_files(tmp_path, capsys):
     base["methods"]["native"]["placement"] = {"blend": 0.15, "blend_select": "question"}  # one method's own
     a.write_text(json.dumps(base))
     assert compare([str(a), f"{a}:native"])[1]["placement"] == "top-1, blend 0.15 by question"
+    for removed, label in (("initial", "at each piece's start"), ("gradual", "narrowing")):  # rules since removed
+        base["methods"]["native"]["placement"] = {"blend": 0.3, "blend_select": removed}
+        a.write_text(json.dumps(base))
+        assert compare([str(a), f"{a}:native"])[1]["placement"] == f"top-1, blend 0.3 {label}"
     # the share of the gap from the first (here mot) to a reference (native) each run closes, over shared
     # questions: the other mot scores what native does, all of it
     gaps = compare([f"{a}:mot", f"{b}:mot"], gap_to=f"{a}:native")

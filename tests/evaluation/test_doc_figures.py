@@ -246,6 +246,9 @@ TRANSLATED_15_R2 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r2.json"
 TRANSLATED_15_R14 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r14.json"
 # K = 7 and 21, the same 30 questions, through the ridge refitted on the same passages
 TRANSLATED_15_R7 = "document-caches/hotpotqa-qwen-qwen-1.5b-doc-r7.json"
+# CacheBlend's gradual filtering (a rule since removed) at 15% and 20%, the first 60 questions
+GRADUAL15 = "document-caches/hotpotqa-qwen-1.5b-doc-gradual15.json:stored+gradual"
+GRADUAL20 = "document-caches/hotpotqa-qwen-1.5b-doc-gradual2.json:stored+gradual"
 # the three repair rules at 30% with qwen-1.5b's own caches, and select at that share, one run, 60 questions
 RULES30 = "document-caches/hotpotqa-qwen-1.5b-doc-rules30.json"
 # qwen's own chunks of SQuAD placed apart, repaired by CacheBlend's rule instead of the question's, 60 questions
@@ -328,6 +331,11 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"questions): {quality(GRADUAL15.split(':')[0], 'stored+gradual')} at 15% and "
+                f"{quality(GRADUAL20.split(':')[0], 'stored+gradual')} at 20%, against the deviation in one pass at "
+                f"the same share {difference(JOINS, GRADUAL15, 'stored+deviation')} and "
+                f"{difference(BLEND20.split(':')[0], GRADUAL20, 'stored+deviation')}, and against native "
+                f"{difference(JOINED, GRADUAL15, 'native')} and {difference(JOINED, GRADUAL20, 'native')}",
         lambda: f"select gave the same answers on {same_across(CHUNKS_DEVIATION, DOC_QWEN_MORE, 'select@chunks')}): "
                 f"{quality(CHUNKS_DEVIATION, 'stored+deviation@chunks')} against the question's rule's "
                 f"{over_the_questions_of(DOC_QWEN_MORE, 'stored@chunks', CHUNKS_DEVIATION + ':select@chunks')} on those "

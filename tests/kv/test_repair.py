@@ -6,7 +6,7 @@ import torch
 from cagkit.ingest.chunking import sentence_spans
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.prefill import prefill_kv
-from cagkit.kv.repair import JOINT_LAYERS, blend, taper_counts
+from cagkit.kv.repair import JOINT_LAYERS, blend
 from cagkit.kv.selection import question_priority
 from conftest import make_tiny_gemma3, make_tiny_llama
 
@@ -57,43 +57,6 @@ def test_partial_ratio_moves_towards_the_joint_prefill(smollm2_tokenizer):
     torch.testing.assert_close(torch.cat([c.keys for c in quarter], 1)[:JOINT_LAYERS], joint.keys[:JOINT_LAYERS])
     # the input is not modified
     assert _error(alone, joint) == before
-
-
-@pytest.mark.parametrize("make", [lambda tok: make_tiny_llama(tok, layers=4), make_tiny_gemma3],
-                         ids=["llama", "gemma3-sliding"])
-@pytest.mark.parametrize("attention", ["runs", "mask"])
-def test_gradual_filtering_layer_by_layer_matches_the_one_pass_repair_when_nothing_narrows(make, attention,
-                                                                                         smollm2_tokenizer):
-    """With a taper too small to change any layer's count, the layer-by-layer pass recomputes the same tokens
-    as the single forward pass, so both give the same KV; at ratio 1 both are the joint prefill."""
-    model = make(smollm2_tokenizer)
-    prefix, chunk_ids, alone, joint = _chunks_and_joint(model, smollm2_tokenizer)
-    for ratio in (0.4, 1.0):
-        one = blend(model, prefix, alone, chunk_ids, ratio, attention=attention)
-        layered = blend(model, prefix, alone, chunk_ids, ratio, attention=attention, taper=1e-9)
-        for a, b in zip(one, layered, strict=True):
-            torch.testing.assert_close(b.keys, a.keys, atol=2e-4, rtol=1e-3)
-            torch.testing.assert_close(b.values, a.values, atol=2e-4, rtol=1e-3)
-    full = torch.cat([c.keys for c in layered], 1)
-    torch.testing.assert_close(full, joint.keys, atol=2e-4, rtol=1e-3)
-
-
-def test_gradual_filtering_narrows_towards_the_top_and_repairs(smollm2_tokenizer):
-    assert taper_counts(0.2, 0.5, 100, 5) == [30, 25, 20, 15, 10]  # the same 20% on average
-    assert taper_counts(0.8, 0.5, 10, 3) == [10, 8, 4]  # a share over 1 is every token
-    assert taper_counts(0.2, 0.5, 100, 1) == [20]
-    model = make_tiny_llama(smollm2_tokenizer, layers=6)
-    prefix, chunk_ids, alone, joint = _chunks_and_joint(model, smollm2_tokenizer)
-    tapered = blend(model, prefix, alone, chunk_ids, 0.3, taper=0.5)
-    keys = torch.cat([c.keys for c in tapered], 1)
-    placed = torch.cat([c.keys for c in alone], 1)
-    total = keys.shape[1]
-    changed = [int(((keys[layer] - placed[layer]).abs().amax((-1, -2)) > 0).sum())
-               for layer in range(JOINT_LAYERS, keys.shape[0])]
-    assert changed == taper_counts(0.3, 0.5, total, keys.shape[0] - JOINT_LAYERS)
-    assert _error(tapered, joint) < _error(alone, joint)
-    with pytest.raises(ValueError, match="taper"):
-        blend(model, prefix, alone, chunk_ids, 0.3, taper=1.5)
 
 
 def test_zero_ratio_and_bad_input(smollm2_tokenizer):
