@@ -237,6 +237,10 @@ BLEND30 = "document-caches/hotpotqa-qwen-1.5b-doc-blend30.json:stored+deviation"
 BLEND30_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-blend30-time.json"
 BLEND30_ALONE = "document-caches/hotpotqa-qwen-1.5b-doc-blend30-alone.json"  # the same, nothing else running
 ALONE_METHODS = ("native", "stored", "stored+deviation")
+# at 10% over the first 60 questions, and timed alone over the first 10 beside the same command at 30%, run next
+BLEND10 = "document-caches/hotpotqa-qwen-1.5b-doc-blend10.json:stored+deviation"
+BLEND10_ALONE = "document-caches/hotpotqa-qwen-1.5b-doc-blend10-alone.json"
+BLEND30_ALONE2 = "document-caches/hotpotqa-qwen-1.5b-doc-blend30-alone2.json"
 BLEND20 = "document-caches/hotpotqa-qwen-1.5b-doc-blend20.json:stored+deviation"  # and at 20%
 BLEND20_TIME = "document-caches/hotpotqa-qwen-1.5b-doc-blend20-time.json"
 QWEN_BLEND30 = "document-caches/hotpotqa-qwen-doc-blend30.json:stored+deviation"  # qwen's joins, 30% recomputed
@@ -338,6 +342,17 @@ SENTENCES = {
         lambda: f"its default placement scores {difference(DESIGN_HOTPOT_15, 'mot', 'select')} against select",
     ],
     "docs/document-caches.md": [
+        lambda: f"`--threads 2`): {quality(BLEND10.split(':')[0], 'stored+deviation')}, native "
+                f"{difference(JOINED, BLEND10, 'native')}, keeping {gap(JOINED, BLEND10, 'select@chunks', 'native')} "
+                f"of the lead, and {difference(JOINS, BLEND10, 'stored+deviation')} against 15% recomputed (the same "
+                f"answer on {same_across(BLEND10.split(':')[0], JOINS, 'stored+deviation')})",
+        lambda: f"10% took {ratio(BLEND10_ALONE, 'stored+deviation', 'native')} of native's first token (the repair a "
+                f"median of {seconds(BLEND10_ALONE, 'stored+deviation', 'repair_ms_median')} s of the "
+                f"{seconds(BLEND10_ALONE, 'stored+deviation')} s, native {seconds(BLEND10_ALONE, 'native')} s)",
+        lambda: f"(`-blend30-alone2`; every method gave the same {_fewest_same(BLEND30_ALONE2, BLEND30_ALONE, ALONE_METHODS)} "
+                f"answers as there), {ratio(BLEND30_ALONE2, 'stored+deviation', 'native')} (the repair "
+                f"{seconds(BLEND30_ALONE2, 'stored+deviation', 'repair_ms_median')} s, native "
+                f"{seconds(BLEND30_ALONE2, 'native')} s)",
         lambda: f"method gave the same {_fewest_same(BLEND30_ALONE, BLEND30_TIME, ALONE_METHODS)} answers), 30% took {ratio(BLEND30_ALONE, 'stored+deviation', 'native')} of native's first token: "
                 f"the repair a median of {seconds(BLEND30_ALONE, 'stored+deviation', 'repair_ms_median')} s, native "
                 f"{seconds(BLEND30_ALONE, 'native')} s",
