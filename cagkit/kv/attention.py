@@ -122,11 +122,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         if isinstance(out, tuple):  # FlashAttention-4 returns (out, log-sum-exp)
             out = out[0]
         return out.to(q.dtype)
-    heads = q.shape[2]
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"{q.shape[2]} query heads cannot share {k.shape[2]} KV heads evenly")
     allowed = _mask(q.shape[1], k.shape[1], causal, window, q.device)
+    # grouped-query heads shared inside SDPA: no copy of the keys and values per query head (the repair calls
+    # this once per run of recomputed tokens, per layer, so the copies added up)
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), _repeat_kv(k, heads).transpose(1, 2), _repeat_kv(v, heads).transpose(1, 2),
-        attn_mask=allowed, scale=scale,
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed, scale=scale,
+        enable_gqa=k.shape[2] != q.shape[2],
     )
     return out.transpose(1, 2)
 

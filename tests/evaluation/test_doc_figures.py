@@ -668,6 +668,12 @@ SENTENCES = {
             f"{r['context_tokens']:,}{' context tokens' if i == 0 else ''} {r['median_s']['enable_gqa']:.2f} s against {r['median_s']['repeat_kv']:.2f} s "
             f"({r['ratio']:.3f}x)" for i, r in enumerate(rows)) if all(r["max_logit_difference"] == 0 for r in rows) else "logits differ")(
             json.loads((RESULTS / "gqa-prefill-qwen-1.5b.json").read_text())["rows"]),
+        lambda: (lambda rows: "; ".join(
+            f"{r['context_tokens']:,}{' context tokens' if i == 0 else ''} with {r['share']:.0%} recomputed "
+            f"{r['median_s']['enable_gqa']:.2f} s against {r['median_s']['repeat_kv']:.2f} s ({r['ratio']:.3f}x)"
+            for i, r in enumerate(rows)) + ", the same repaired KV to the bit"
+            if all(r["max_kv_difference"] == 0 for r in rows) else "the KV differs")(
+            json.loads((RESULTS / "repair-attention-qwen-1.5b.json").read_text())["rows"]),
         lambda: (lambda d: f"the first question took {d['first']['ttft_ms'] / 1e3:.2f} s to its first token (load "
                            f"{d['first']['load_ms']:.0f} ms, place {d['first']['place_ms']:.0f} ms, the question's prefill "
                            f"{d['first']['prefill_ms']:,.0f} ms); the three repeated ones "

@@ -28,6 +28,18 @@ def test_flash_layout_attention_matches_reference(causal, window):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("hq,hk", [(4, 4), (4, 1), (6, 2)])
+def test_sdpa_shares_kv_heads_as_the_reference_does(hq, hk):
+    q, k, v = _qkv(hq=hq, hk=hk)
+    torch.testing.assert_close(attention(q, k, v, backend="sdpa"), reference_attention(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_uneven_head_groups_are_refused():
+    q, k, v = _qkv(hq=3, hk=2)
+    with pytest.raises(ValueError, match="3 query heads cannot share 2 KV heads"):
+        attention(q, k, v, backend="sdpa")
+
+
 def test_reference_masks_what_it_should():
     q, k, v = _qkv(b=1, tq=1, tk=6, hq=2, hk=2)
     # One query at the last position with a window of 1 sees only its own key: the output is that key's value.
