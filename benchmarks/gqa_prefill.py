@@ -22,7 +22,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from cagkit.bench import write_results
+from cagkit.bench import side_by_side, write_results
 from cagkit.kv.warm import share_cache
 from cagkit.models.loading import load_model
 
@@ -61,13 +61,7 @@ def main() -> None:
                 logits = lm.model(input_ids=question, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
             return time.perf_counter() - started, logits
 
-        times = {"repeat_kv": [], "enable_gqa": []}
-        last = {}
-        for r in range(args.repeats + 1):  # round 0 warms up, dropped
-            for way in (("repeat_kv", "enable_gqa") if r % 2 else ("enable_gqa", "repeat_kv")):
-                seconds, last[way] = prefill(way == "enable_gqa")
-                if r:
-                    times[way].append(seconds)
+        times, last = side_by_side(lambda way: prefill(way == "enable_gqa"), ("repeat_kv", "enable_gqa"), args.repeats)
         median = {way: statistics.median(t) for way, t in times.items()}
         row = {"context_tokens": tokens, "seconds": {w: [round(s, 4) for s in t] for w, t in times.items()},
                "median_s": {w: round(m, 4) for w, m in median.items()},

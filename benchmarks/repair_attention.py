@@ -21,7 +21,7 @@ import time
 import torch
 
 import cagkit.kv.attention as attention_module
-from cagkit.bench import write_results
+from cagkit.bench import side_by_side, write_results
 from cagkit.kv.chunk import ChunkKV
 from cagkit.kv.repair import blend
 from cagkit.kv.rope import RotaryTables
@@ -74,13 +74,8 @@ def main() -> None:
                 finally:
                     attention_module.attention = GROUPED
 
-            times = {"repeat_kv": [], "enable_gqa": []}
-            last = {}
-            for r in range(args.repeats + 1):  # round 0 warms up, dropped
-                for way in (("repeat_kv", "enable_gqa") if r % 2 else ("enable_gqa", "repeat_kv")):
-                    seconds, last[way] = repair(way == "enable_gqa")
-                    if r:
-                        times[way].append(seconds)
+            times, last = side_by_side(lambda way: repair(way == "enable_gqa"), ("repeat_kv", "enable_gqa"),
+                                       args.repeats)
             median = {way: statistics.median(t) for way, t in times.items()}
             difference = max(float((last["enable_gqa"].keys - last["repeat_kv"].keys).abs().max()),
                              float((last["enable_gqa"].values - last["repeat_kv"].values).abs().max()))

@@ -134,6 +134,20 @@ def run_timed(cmd: list[str], *, env: dict | None = None, timeout: float | None 
     return proc, t.seconds
 
 
+def side_by_side(run, ways: tuple[str, str], repeats: int) -> tuple[dict[str, list[float]], dict]:
+    """Two ways of doing the same work timed alternately in one process, so that load on a shared machine falls
+    on both: `run(way)` -> (seconds, result). Round 0 runs each way once to warm up and is dropped; each later
+    round runs both, the order swapped every round. -> ({way: [seconds per round]}, {way: its last result})."""
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    last = {}
+    for r in range(repeats + 1):
+        for way in (ways if r % 2 else ways[::-1]):
+            seconds, last[way] = run(way)
+            if r:
+                times[way].append(seconds)
+    return times, last
+
+
 def summary(values: list[float], digits: int = 3) -> dict:
     """Median, min, max and every run of repeated measurements."""
     return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),

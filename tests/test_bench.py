@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from cagkit.bench import Timer, run_timed, summary, write_results
+from cagkit.bench import Timer, run_timed, side_by_side, summary, write_results
 
 
 def test_results_carry_the_command_date_and_machine_of_the_run_and_keep_their_own(tmp_path):
@@ -30,3 +30,16 @@ def test_timer_and_timed_process():
     assert proc.returncode == 0 and proc.stdout == "hi\n"
     assert 0 < seconds <= t.seconds and t.ms == t.seconds * 1e3
     assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "runs": [3.0, 1.0, 2.0]}
+
+
+def test_side_by_side_drops_the_warm_up_and_swaps_the_order_every_round():
+    calls = []
+
+    def run(way):
+        calls.append(way)
+        return float(len(calls)), f"{way} {len(calls)}"
+
+    times, last = side_by_side(run, ("a", "b"), repeats=2)
+    assert calls == ["b", "a", "a", "b", "b", "a"]  # round 0 (warm-up) b first, then swapped each round
+    assert times == {"a": [3.0, 6.0], "b": [4.0, 5.0]}  # the warm-up's 1 and 2 dropped
+    assert last == {"a": "a 6", "b": "b 5"}
