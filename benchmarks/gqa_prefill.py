@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
@@ -61,11 +60,10 @@ def main() -> None:
                 logits = lm.model(input_ids=question, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
             return time.perf_counter() - started, logits
 
-        times, last = side_by_side(lambda way: prefill(way == "enable_gqa"), ("repeat_kv", "enable_gqa"), args.repeats)
-        median = {way: statistics.median(t) for way, t in times.items()}
-        row = {"context_tokens": tokens, "seconds": {w: [round(s, 4) for s in t] for w, t in times.items()},
-               "median_s": {w: round(m, 4) for w, m in median.items()},
-               "ratio": round(median["enable_gqa"] / median["repeat_kv"], 3),
+        timing, last = side_by_side(lambda way: prefill(way == "enable_gqa"), ("repeat_kv", "enable_gqa"),
+                                    args.repeats)
+        median = timing["median_s"]
+        row = {"context_tokens": tokens, **timing,
                "max_logit_difference": float((last["enable_gqa"] - last["repeat_kv"]).abs().max())}
         results["rows"].append(row)
         write_results(out, results, device=lm.device)

@@ -15,7 +15,6 @@ and the largest difference between the two ways' repaired KV.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -74,16 +73,12 @@ def main() -> None:
                 finally:
                     attention_module.attention = GROUPED
 
-            times, last = side_by_side(lambda way: repair(way == "enable_gqa"), ("repeat_kv", "enable_gqa"),
-                                       args.repeats)
-            median = {way: statistics.median(t) for way, t in times.items()}
+            timing, last = side_by_side(lambda way: repair(way == "enable_gqa"), ("repeat_kv", "enable_gqa"),
+                                        args.repeats)
+            median = timing["median_s"]
             difference = max(float((last["enable_gqa"].keys - last["repeat_kv"].keys).abs().max()),
                              float((last["enable_gqa"].values - last["repeat_kv"].values).abs().max()))
-            row = {"context_tokens": tokens, "share": share,
-                   "seconds": {w: [round(s, 4) for s in t] for w, t in times.items()},
-                   "median_s": {w: round(m, 4) for w, m in median.items()},
-                   "ratio": round(median["enable_gqa"] / median["repeat_kv"], 3),
-                   "max_kv_difference": difference}
+            row = {"context_tokens": tokens, "share": share, **timing, "max_kv_difference": difference}
             results["rows"].append(row)
             write_results(out, results, device=lm.device)
             print(f"{tokens} context tokens, {share:.0%} recomputed: repair with repeat_kv "

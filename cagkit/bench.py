@@ -134,10 +134,11 @@ def run_timed(cmd: list[str], *, env: dict | None = None, timeout: float | None 
     return proc, t.seconds
 
 
-def side_by_side(run, ways: tuple[str, str], repeats: int) -> tuple[dict[str, list[float]], dict]:
+def side_by_side(run, ways: tuple[str, str], repeats: int) -> tuple[dict, dict]:
     """Two ways of doing the same work timed alternately in one process, so that load on a shared machine falls
     on both: `run(way)` -> (seconds, result). Round 0 runs each way once to warm up and is dropped; each later
-    round runs both, the order swapped every round. -> ({way: [seconds per round]}, {way: its last result})."""
+    round runs both, the order swapped every round. -> ({"seconds": {way: [per round]}, "median_s": {way: median},
+    "ratio": the second way's median over the first's}, {way: its last result})."""
     times: dict[str, list[float]] = {way: [] for way in ways}
     last = {}
     for r in range(repeats + 1):
@@ -145,7 +146,10 @@ def side_by_side(run, ways: tuple[str, str], repeats: int) -> tuple[dict[str, li
             seconds, last[way] = run(way)
             if r:
                 times[way].append(seconds)
-    return times, last
+    median = {way: statistics.median(t) for way, t in times.items()}
+    return {"seconds": {w: [round(s, 4) for s in t] for w, t in times.items()},
+            "median_s": {w: round(m, 4) for w, m in median.items()},
+            "ratio": round(median[ways[1]] / median[ways[0]], 3)}, last
 
 
 def summary(values: list[float], digits: int = 3) -> dict:

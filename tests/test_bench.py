@@ -39,7 +39,10 @@ def test_side_by_side_drops_the_warm_up_and_swaps_the_order_every_round():
         calls.append(way)
         return float(len(calls)), f"{way} {len(calls)}"
 
-    times, last = side_by_side(run, ("a", "b"), repeats=2)
+    timing, last = side_by_side(run, ("a", "b"), repeats=2)
     assert calls == ["b", "a", "a", "b", "b", "a"]  # round 0 (warm-up) b first, then swapped each round
-    assert times == {"a": [3.0, 6.0], "b": [4.0, 5.0]}  # the warm-up's 1 and 2 dropped
+    assert timing["seconds"] == {"a": [3.0, 6.0], "b": [4.0, 5.0]}  # the warm-up's 1 and 2 dropped
+    assert timing["median_s"] == {"a": 4.5, "b": 4.5} and timing["ratio"] == 1.0
     assert last == {"a": "a 6", "b": "b 5"}
+    timing, _ = side_by_side(lambda way: (1.0 if way == "a" else 0.25, None), ("a", "b"), repeats=1)
+    assert timing["ratio"] == 0.25  # the second way's median over the first's

@@ -79,12 +79,16 @@ def _mask(tq: int, tk: int, causal: bool, window: int | None, device) -> torch.T
     return allowed
 
 
+def _check_groups(heads: int, kv_heads: int) -> None:
+    """Grouped-query attention: each KV head serves heads // kv_heads query heads, so the split must be even."""
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} KV heads evenly")
+
+
 def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     """[B, T, Hk, D] -> [B, T, heads, D]: each KV head serves heads // Hk query heads (grouped-query attention)."""
-    hk = x.shape[2]
-    if heads % hk:
-        raise ValueError(f"{heads} query heads cannot share {hk} KV heads evenly")
-    return x.repeat_interleave(heads // hk, dim=2)
+    _check_groups(heads, x.shape[2])
+    return x.repeat_interleave(heads // x.shape[2], dim=2)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -122,8 +126,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         if isinstance(out, tuple):  # FlashAttention-4 returns (out, log-sum-exp)
             out = out[0]
         return out.to(q.dtype)
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(f"{q.shape[2]} query heads cannot share {k.shape[2]} KV heads evenly")
+    _check_groups(q.shape[2], k.shape[2])
     allowed = _mask(q.shape[1], k.shape[1], causal, window, q.device)
     # grouped-query heads shared inside SDPA: no copy of the keys and values per query head (the repair calls
     # this once per run of recomputed tokens, per layer, so the copies added up)
